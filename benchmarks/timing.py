@@ -1,0 +1,54 @@
+"""Graph-timed device time and the copy ceiling, as ANCHORS.md measures them.
+
+Each measured function is captured N times in a CUDA graph, each capture on
+the next of several input sets (rotated so the working set exceeds L2), and
+the graph's replays are timed with CUDA events; the median per call is kept.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Callable, Sequence
+
+import torch
+
+ROTATE_BYTES = 256 << 20  # working set that defeats the 50-60 MB L2
+
+
+def n_buffers(bytes_per_set: int) -> int:
+    return max(2, min(64, -(-ROTATE_BYTES // max(bytes_per_set, 1))))
+
+
+def graph_time_us(fns: Sequence[Callable[[], object]], replays: int = 30,
+                  calls_per_graph: int | None = None) -> float:
+    """Median device time per call (µs) of cycling through `fns` inside a CUDA graph."""
+    calls = calls_per_graph or max(len(fns), 20)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in fns:  # warm-up: compile, allocate, load modules outside the capture
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fns[i % len(fns)]()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / calls)
+    return statistics.median(times)
+
+
+def copy_ceiling_gbps(nbytes: int = 1 << 30) -> float:
+    """Bandwidth of one large device-to-device copy, bytes read + written."""
+    src = torch.randn(nbytes // 4, device="cuda")
+    dst = torch.empty_like(src)
+    us = graph_time_us([lambda: dst.copy_(src)], replays=20, calls_per_graph=5)
+    return 2 * nbytes / (us * 1e-6) / 1e9

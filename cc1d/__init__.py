@@ -1,0 +1,26 @@
+"""cc1d: autotuned causal depthwise conv1d kernels for AMD and NVIDIA GPUs.
+
+The PyTorch API (``causal_conv1d_fn``, ``causal_conv1d_ref``) imports torch
+lazily, so ``import cc1d`` works on machines without torch (the generator,
+the tuner's CPU parts and the runtime's compile path need none).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_TORCH_API = {
+    "causal_conv1d_fn": "cc1d.ops",
+    "causal_conv1d_ref": "cc1d.reference",
+}
+
+__all__ = [*_TORCH_API, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _TORCH_API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cc1d' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

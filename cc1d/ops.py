@@ -1,0 +1,149 @@
+"""PyTorch API: drop-in for Dao-AILab causal-conv1d's ``causal_conv1d_fn``.
+
+Every call goes to the C++ runtime, which picks a kernel (tuned or default),
+compiles it once and launches it on the current stream. The op is registered
+as ``torch.ops.cc1d.causal_conv1d_fwd`` so ``torch.compile`` keeps it in the
+graph; eager calls skip the dispatcher's overhead and call the runtime directly.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _checks as C
+from ._runtime import runtime
+
+_FN = "causal_conv1d_fn"
+
+
+def _stream_handle(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _is_channel_last(x: torch.Tensor) -> bool:
+    return x.stride(2) != 1 and x.stride(1) == 1
+
+
+def _empty_like_layout(x: torch.Tensor, shape, dtype=None) -> torch.Tensor:
+    """(batch, dim, n) tensor laid out like x: n contiguous, or dim contiguous."""
+    dtype = dtype or x.dtype
+    if _is_channel_last(x):
+        return torch.empty(shape[0], shape[2], shape[1], dtype=dtype, device=x.device).transpose(1, 2)
+    return torch.empty(shape, dtype=dtype, device=x.device)
+
+
+def _validate(x, weight, bias, seq_idx, initial_states, final_states_out, activation):
+    C.check_tensor(_FN, "x", x, 3)
+    C.check_tensor(_FN, "weight", weight, 2)
+    if not x.is_cuda:
+        C.fail(_FN, "x", "a CUDA/ROCm tensor", f"a tensor on {x.device}")
+    C.check_float_dtype(_FN, "x", x, tuple(C.DTYPE_CODES))
+    batch, dim, seqlen = x.shape
+    if batch < 1 or dim < 1 or seqlen < 1:
+        C.fail(_FN, "x", "batch, dim and seqlen >= 1", f"shape {tuple(x.shape)}")
+    width = weight.shape[1]
+    if weight.shape[0] != dim or not 2 <= width <= C.MAX_WIDTH:
+        C.fail(_FN, "weight", f"shape (dim={dim}, width) with width in 2..{C.MAX_WIDTH}",
+               f"{tuple(weight.shape)}")
+    C.check_device(_FN, "weight", weight, x.device)
+    C.check_float_dtype(_FN, "weight", weight, tuple({x.dtype, torch.float32}))
+    if bias is not None:
+        C.check_tensor(_FN, "bias", bias, 1)
+        C.check_shape(_FN, "bias", bias, (dim,), "dim")
+        C.check_device(_FN, "bias", bias, x.device)
+        C.check_float_dtype(_FN, "bias", bias, (weight.dtype,))
+    if seq_idx is not None:
+        C.check_tensor(_FN, "seq_idx", seq_idx, 2)
+        C.check_shape(_FN, "seq_idx", seq_idx, (batch, seqlen), "batch, seqlen")
+        C.check_device(_FN, "seq_idx", seq_idx, x.device)
+        if seq_idx.dtype != torch.int32:
+            C.fail(_FN, "seq_idx", "dtype int32", str(seq_idx.dtype).replace("torch.", ""), TypeError)
+    for name, t in (("initial_states", initial_states), ("final_states_out", final_states_out)):
+        if t is not None:
+            C.check_tensor(_FN, name, t, 3)
+            C.check_shape(_FN, name, t, (batch, dim, width - 1), "batch, dim, width-1")
+            C.check_device(_FN, name, t, x.device)
+            C.check_float_dtype(_FN, name, t, (x.dtype,))
+    return C.check_activation(_FN, activation)
+
+
+def _inner_strides(t: torch.Tensor):
+    """Strides with size-1 inner dims normalised: their stride is meaningless, and the
+    runtime tells the layout by which inner stride is 1."""
+    sb, sd, sl = t.stride()
+    if t.shape[2] == 1 and sd != 1:
+        sl = 1
+    elif t.shape[1] == 1 and sl != 1:
+        sd = 1
+    return sb, sd, sl
+
+
+def _launch(x, weight, bias, seq_idx, initial_states, final_states, out, silu: bool) -> None:
+    def ptr(t):
+        return 0 if t is None else t.data_ptr()
+
+    def strides(t, n):
+        return (0,) * n if t is None else tuple(t.stride())
+
+    batch, dim, seqlen = x.shape
+    st = (*_inner_strides(x), *weight.stride(), 0 if bias is None else bias.stride(0),
+          *_inner_strides(out), *strides(seq_idx, 2), *strides(initial_states, 3),
+          *strides(final_states, 3))
+    runtime().fwd(
+        (x.data_ptr(), weight.data_ptr(), ptr(bias), ptr(seq_idx), ptr(initial_states),
+         out.data_ptr(), ptr(final_states)),
+        (batch, dim, seqlen, weight.shape[1]), st,
+        C.DTYPE_CODES[x.dtype], C.DTYPE_CODES[weight.dtype], silu, _stream_handle(x.device))
+
+
+def _forward_impl(x, weight, bias, seq_idx, initial_states, final_states_out, silu: bool):
+    sb, sd, sl = _inner_strides(x)
+    if sl != 1 and sd != 1:
+        x = x.contiguous()  # neither inner stride is 1: the kernels need one of them
+    out = _empty_like_layout(x, x.shape)
+    if x.device.index != torch.cuda.current_device():
+        with torch.cuda.device(x.device):
+            _launch(x, weight, bias, seq_idx, initial_states, final_states_out, out, silu)
+    else:
+        _launch(x, weight, bias, seq_idx, initial_states, final_states_out, out, silu)
+    return out
+
+
+@torch.library.custom_op("cc1d::causal_conv1d_fwd", mutates_args=("final_states_out",))
+def _fwd_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+            seq_idx: Optional[torch.Tensor], initial_states: Optional[torch.Tensor],
+            final_states_out: Optional[torch.Tensor], silu: bool) -> torch.Tensor:
+    return _forward_impl(x, weight, bias, seq_idx, initial_states, final_states_out, silu)
+
+
+@_fwd_op.register_fake
+def _(x, weight, bias, seq_idx, initial_states, final_states_out, silu):
+    sb, sd, sl = _inner_strides(x)
+    if sl != 1 and sd != 1:
+        x = x.contiguous()
+    return _empty_like_layout(x, x.shape)
+
+
+def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                     seq_idx: Optional[torch.Tensor] = None,
+                     initial_states: Optional[torch.Tensor] = None,
+                     return_final_states: bool = False,
+                     final_states_out: Optional[torch.Tensor] = None,
+                     activation: Optional[str] = None):
+    """Causal depthwise conv1d: x (batch, dim, seqlen), weight (dim, width), width 2..8.
+
+    x may be channel-first (seqlen contiguous) or channel-last (a transposed
+    (batch, seqlen, dim) tensor); the output keeps x's layout. Returns ``out``,
+    or ``(out, final_states)`` with ``return_final_states``; final_states is
+    (batch, dim, width-1), written into ``final_states_out`` when given.
+    """
+    silu = _validate(x, weight, bias, seq_idx, initial_states, final_states_out, activation)
+    if return_final_states and final_states_out is None:
+        final_states_out = _empty_like_layout(x, (x.shape[0], x.shape[1], weight.shape[1] - 1))
+    fs = final_states_out if return_final_states else None
+    if torch.compiler.is_compiling():
+        out = _fwd_op(x, weight, bias, seq_idx, initial_states, fs, silu)
+    else:
+        out = _forward_impl(x, weight, bias, seq_idx, initial_states, fs, silu)
+    return (out, final_states_out) if return_final_states else out

@@ -1,0 +1,49 @@
+"""Render a variant's kernel source from the Jinja2 templates."""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import jinja2
+
+from .space import DTYPES, EPOCH, space_for
+
+if TYPE_CHECKING:
+    from .variant import Variant
+
+# Source tree: <repo>/templates; installed wheel: cc1d/templates (beside cc1d/generator).
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
+
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    if not TEMPLATE_DIR.is_dir():
+        raise FileNotFoundError(f"cc1d templates not found at {TEMPLATE_DIR}")
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def template_context(variant: "Variant") -> dict:
+    fam = variant.family
+    params = variant.params
+    ctx = dict(
+        op=fam.op, layout=fam.layout, width=fam.width,
+        x_dtype=fam.x_dtype, w_dtype=fam.w_dtype,
+        x_ctype=DTYPES[fam.x_dtype][0], w_ctype=DTYPES[fam.w_dtype][0],
+        **params,
+    )
+    if "vec_bytes" in params:
+        ctx["vec_elems"] = int(params["vec_bytes"]) // fam.x_bytes
+    return ctx
+
+
+@lru_cache(maxsize=4096)
+def render(variant: "Variant") -> str:
+    template = _environment().get_template(space_for(variant.family).template)
+    body = template.render(**template_context(variant))
+    return f"// cc1d kernel {variant.key()} (generator epoch {EPOCH})\n{body}"

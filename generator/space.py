@@ -1,0 +1,237 @@
+"""The variant space as data: families, tunable parameters, constraints.
+
+A *family* fixes what a kernel computes (op, layout, dtypes, width); a
+*config* picks the tunables (threads, vector width, tiles, ...) of the
+family's space. Constraints are plain functions of (family, config, arch)
+returning ``None`` when valid or a short reason, so the space can be pruned
+before anything compiles.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+# Bump when a template change alters the kernel ABI or semantics: tuning DB
+# entries from another epoch are ignored by the runtime.
+EPOCH = 1
+
+OPS = ("fwd",)
+LAYOUTS = ("cf", "cl")  # channel-first: seqlen contiguous; channel-last: dim contiguous
+WIDTHS = tuple(range(2, 9))
+# dtype name -> (kernel storage type, bytes)
+DTYPES: Mapping[str, tuple[str, int]] = {
+    "f32": ("float", 4),
+    "f16": ("cc1d_f16", 2),
+    "bf16": ("cc1d_bf16", 2),
+}
+# weight dtype is x's dtype or fp32
+DTYPE_PAIRS = (("f32", "f32"), ("f16", "f16"), ("f16", "f32"), ("bf16", "bf16"), ("bf16", "f32"))
+
+
+@dataclass(frozen=True)
+class Arch:
+    target: str        # sm_90, gfx942, ...
+    vendor: str        # cuda | hip
+    warp_size: int
+    max_threads: int = 1024
+    smem_bytes: int = 48 * 1024
+
+
+ARCHS: Mapping[str, Arch] = {
+    "sm_80": Arch("sm_80", "cuda", 32),
+    "sm_86": Arch("sm_86", "cuda", 32),
+    "sm_89": Arch("sm_89", "cuda", 32),
+    "sm_90": Arch("sm_90", "cuda", 32),
+    "gfx90a": Arch("gfx90a", "hip", 64),
+    "gfx942": Arch("gfx942", "hip", 64),
+    "gfx1100": Arch("gfx1100", "hip", 32),
+}
+
+
+def arch_info(target: str) -> Arch:
+    """The Arch for a target name; unknown sm_/gfx targets get their vendor's defaults."""
+    if target in ARCHS:
+        return ARCHS[target]
+    if target.startswith("sm_") and target[3:].rstrip("a").isdigit():
+        return Arch(target, "cuda", 32)
+    if target.startswith("gfx"):
+        return Arch(target, "hip", 32 if target.startswith(("gfx10", "gfx11", "gfx12")) else 64)
+    raise ValueError(f"arch: expected an NVIDIA target like 'sm_90' or an AMD target like "
+                     f"'gfx942', got {target!r}")
+
+
+@dataclass(frozen=True)
+class Family:
+    """What a kernel computes; every variant of a family gives the same results."""
+    op: str
+    layout: str
+    x_dtype: str
+    w_dtype: str
+    width: int
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"op: expected one of {OPS}, got {self.op!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout: expected one of {LAYOUTS}, got {self.layout!r}")
+        if (self.x_dtype, self.w_dtype) not in DTYPE_PAIRS:
+            raise ValueError(f"dtypes: expected (x, weight) in {DTYPE_PAIRS}, "
+                             f"got ({self.x_dtype!r}, {self.w_dtype!r})")
+        if self.width not in WIDTHS:
+            raise ValueError(f"width: expected {WIDTHS[0]}..{WIDTHS[-1]}, got {self.width!r}")
+
+    def key(self) -> str:
+        return f"{self.op}.{self.layout}.{self.x_dtype}w{self.w_dtype}.w{self.width}"
+
+    @property
+    def x_bytes(self) -> int:
+        return DTYPES[self.x_dtype][1]
+
+
+def families(op: str | None = None, layout: str | None = None) -> list[Family]:
+    """Every family, in a stable order."""
+    return [Family(o, lay, x, w, width)
+            for o in OPS if op in (None, o)
+            for lay in LAYOUTS if layout in (None, lay)
+            for x, w in DTYPE_PAIRS
+            for width in WIDTHS]
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    abbrev: str        # prefix in variant keys: t128, v16, ...
+    values: tuple
+    doc: str
+
+
+Config = Mapping[str, object]
+Constraint = Callable[[Family, Config, Arch], "str | None"]
+
+
+@dataclass(frozen=True)
+class Space:
+    """The tunables of one (op, layout), their constraints and launch geometry."""
+    op: str
+    layout: str
+    template: str
+    params: tuple[Param, ...]
+    constraints: tuple[Constraint, ...]
+    preferred: tuple[Mapping[str, object], ...]  # default configs, best first
+    geometry: Callable[[Family, Config], dict]    # -> threads, tile_l, tile_d, smem_bytes, align_bytes
+
+    def param(self, name: str) -> Param:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def why_invalid(self, family: Family, config: Config, arch: Arch) -> str | None:
+        names = {p.name for p in self.params}
+        if set(config) != names:
+            return f"config keys {sorted(config)} differ from the space's {sorted(names)}"
+        for p in self.params:
+            if config[p.name] not in p.values:
+                return f"{p.name}={config[p.name]!r} not in {p.values}"
+        if self.geometry(family, config)["threads"] % arch.warp_size:
+            return f"threads not a multiple of the warp size {arch.warp_size}"
+        for check in self.constraints:
+            reason = check(family, config, arch)
+            if reason:
+                return reason
+        return None
+
+
+def _vec_elems(family: Family, config: Config) -> int:
+    return int(config["vec_bytes"]) // family.x_bytes
+
+
+def _vec_fits(family: Family, config: Config, arch: Arch) -> str | None:
+    if int(config["vec_bytes"]) < family.x_bytes:
+        return f"vec_bytes {config['vec_bytes']} below the element size {family.x_bytes}"
+    return None
+
+
+# ---- forward, channel-first -------------------------------------------------
+
+def _cf_rows_fit(family: Family, config: Config, arch: Arch) -> str | None:
+    if int(config["threads"]) // int(config["rows"]) < 32:
+        return "fewer than 32 threads per channel row"
+    return None
+
+
+def _cf_geometry(family: Family, config: Config) -> dict:
+    threads, rows = int(config["threads"]), int(config["rows"])
+    ve = max(1, _vec_elems(family, config))
+    return dict(threads=threads, tile_l=threads // rows * ve * int(config["nvec"]), tile_d=rows,
+                smem_bytes=0, align_bytes=int(config["vec_bytes"]))
+
+
+FWD_CF = Space(
+    op="fwd", layout="cf", template="fwd_channel_first.cu.j2",
+    params=(
+        Param("threads", "t", (64, 128, 256), "threads per block"),
+        Param("vec_bytes", "v", (2, 4, 8, 16), "bytes per vector load/store"),
+        Param("nvec", "n", (1, 2, 4), "vectors per thread (loads in flight)"),
+        Param("rows", "r", (1, 4), "channels per block"),
+        Param("halo", "h", ("shfl", "reload"), "how the width-1 previous inputs are fetched"),
+    ),
+    constraints=(_vec_fits, _cf_rows_fit),
+    preferred=(dict(threads=128, vec_bytes=16, nvec=2, rows=1, halo="shfl"),),
+    geometry=_cf_geometry,
+)
+
+
+# ---- forward, channel-last ----------------------------------------------------
+
+def _cl_tile_fits(family: Family, config: Config, arch: Arch) -> str | None:
+    ve = _vec_elems(family, config)
+    if ve < 1:
+        return None  # reported by _vec_fits
+    tile_d, threads = int(config["tile_d"]), int(config["threads"])
+    if tile_d % ve:
+        return f"tile_d {tile_d} not a multiple of the vector's {ve} elements"
+    tc = tile_d // ve
+    if tc > threads or threads % tc:
+        return f"{tc} threads across channels do not divide {threads} threads"
+    if tile_d * family.x_bytes < 32:
+        return "channel tile narrower than one 32-byte sector"
+    return None
+
+
+def _cl_registers_fit(family: Family, config: Config, arch: Arch) -> str | None:
+    ve = max(1, _vec_elems(family, config))
+    regs = (int(config["rows_per_thread"]) + 2 * family.width - 1) * ve  # window + weights
+    if regs > 128:
+        return f"window and weights need {regs} registers (> 128)"
+    return None
+
+
+def _cl_geometry(family: Family, config: Config) -> dict:
+    threads = int(config["threads"])
+    ve = max(1, _vec_elems(family, config))
+    tc = int(config["tile_d"]) // ve
+    return dict(threads=threads, tile_l=threads // max(tc, 1) * int(config["rows_per_thread"]),
+                tile_d=int(config["tile_d"]), smem_bytes=0, align_bytes=int(config["vec_bytes"]))
+
+
+FWD_CL = Space(
+    op="fwd", layout="cl", template="fwd_channel_last.cu.j2",
+    params=(
+        Param("threads", "t", (64, 128, 256), "threads per block"),
+        Param("vec_bytes", "v", (2, 4, 8, 16), "bytes per vector load/store (along dim)"),
+        Param("tile_d", "d", (32, 64, 128), "channels per block"),
+        Param("rows_per_thread", "n", (1, 2, 4, 8), "consecutive positions per thread"),
+    ),
+    constraints=(_vec_fits, _cl_tile_fits, _cl_registers_fit),
+    preferred=(dict(threads=128, vec_bytes=16, tile_d=64, rows_per_thread=4),
+               dict(threads=128, vec_bytes=16, tile_d=64, rows_per_thread=2),
+               dict(threads=128, vec_bytes=16, tile_d=64, rows_per_thread=1)),
+    geometry=_cl_geometry,
+)
+
+SPACES: Mapping[tuple[str, str], Space] = {("fwd", "cf"): FWD_CF, ("fwd", "cl"): FWD_CL}
+
+
+def space_for(family: Family) -> Space:
+    return SPACES[(family.op, family.layout)]

@@ -1,0 +1,96 @@
+"""Variant identity: a family plus a config, with a readable key and a content hash."""
+from __future__ import annotations
+
+import hashlib
+import itertools
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterator
+
+from .space import ARCHS, Arch, Family, space_for
+
+
+@dataclass(frozen=True)
+class Variant:
+    family: Family
+    config: tuple[tuple[str, object], ...]  # (name, value) in the space's parameter order
+
+    @staticmethod
+    def of(family: Family, **config: object) -> "Variant":
+        space = space_for(family)
+        missing = [p.name for p in space.params if p.name not in config]
+        extra = sorted(set(config) - {p.name for p in space.params})
+        if missing or extra:
+            raise ValueError(f"config for {family.key()}: missing {missing}, unknown {extra}")
+        return Variant(family, tuple((p.name, config[p.name]) for p in space.params))
+
+    @property
+    def params(self) -> dict[str, object]:
+        return dict(self.config)
+
+    def key(self) -> str:
+        """Readable and complete, e.g. fwd.cf.bf16wf32.w4.t128.v16.n2.r1.hshfl."""
+        space = space_for(self.family)
+        parts = [f"{space.param(n).abbrev}{v}" for n, v in self.config]
+        return ".".join([self.family.key(), *parts])
+
+    @cached_property
+    def source(self) -> str:
+        from .render import render
+        return render(self)
+
+    def hash(self) -> str:
+        """sha256 of the rendered source: what the runtime and the DB address it by."""
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+    def geometry(self) -> dict:
+        return space_for(self.family).geometry(self.family, self.params)
+
+    def why_invalid(self, arch: Arch | str = "sm_90") -> str | None:
+        arch = ARCHS[arch] if isinstance(arch, str) else arch
+        return space_for(self.family).why_invalid(self.family, self.params, arch)
+
+    def as_runtime_dict(self) -> dict:
+        """The KernelVariant fields the C++ runtime takes."""
+        return dict(key=self.key(), hash=self.hash(), source=self.source, **self.geometry())
+
+
+def variants(family: Family, arch: Arch | str = "sm_90") -> Iterator[Variant]:
+    """Every valid variant of a family for an arch, in a stable order."""
+    space = space_for(family)
+    for values in itertools.product(*(p.values for p in space.params)):
+        v = Variant(family, tuple(zip((p.name for p in space.params), values)))
+        if v.why_invalid(arch) is None:
+            yield v
+
+
+def default_variant(family: Family, arch: Arch | str = "sm_90", **overrides: object) -> Variant:
+    """The family's first valid preferred config, with `overrides` applied."""
+    reasons = []
+    for preferred in space_for(family).preferred:
+        v = Variant.of(family, **{**preferred, **overrides})
+        reason = v.why_invalid(arch)
+        if reason is None:
+            return v
+        reasons.append(f"{v.key()}: {reason}")
+    raise ValueError(f"no valid default for {family.key()}: " + "; ".join(reasons))
+
+
+def fallback_chain(family: Family, arch: Arch | str = "sm_90") -> list[Variant]:
+    """Defaults with ever smaller vectors, down to one element (no alignment need).
+
+    The runtime takes the first whose alignment requirement the call meets, so
+    every call has a kernel.
+    """
+    chain: list[Variant] = []
+    for vec in (16, 8, 4, 2):
+        if vec < family.x_bytes:
+            continue
+        try:
+            v = default_variant(family, arch, vec_bytes=vec)
+        except ValueError:
+            continue
+        if v not in chain:
+            chain.append(v)
+    assert chain and chain[-1].geometry()["align_bytes"] == family.x_bytes, family.key()
+    return chain

@@ -1,0 +1,51 @@
+// One GPU vendor as the runtime sees it: a run-time compiler (NVRTC / hipRTC)
+// and a driver (CUDA driver API / HIP module API), both dlopen()ed lazily.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cc1d/cc1d.h"
+
+namespace cc1d {
+
+struct Dim3 { unsigned x = 1, y = 1, z = 1; };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual const char* vendor() const = 0;  // "cuda" | "hip"
+
+  // ---- compiler: usable without a GPU or driver -------------------------
+  virtual std::string compiler_version() = 0;
+  // Throws CompileError carrying the full log; BackendError if no compiler.
+  virtual CompileResult compile(const std::string& source, const std::string& target,
+                                const std::vector<std::string>& options) = 0;
+
+  // ---- driver -----------------------------------------------------------
+  virtual std::string device_target(int device) = 0;   // "sm_90", "gfx942"
+  // Device ordinal owning `ptr`, or -1 (not ours, host memory, or no driver).
+  // Never throws and never loads a compiler.
+  virtual int device_of_pointer(const void* ptr) noexcept = 0;
+  virtual Dim3 max_grid(int device) = 0;
+  // Loaded kernel `cc1d_kernel` for `hash` in the device's current context,
+  // or nullptr. Cheap: a lookup, no allocation once loaded.
+  virtual void* find_function(int device, const std::string& hash) = 0;
+  // Loads `binary` as a module, caches it under `hash`, returns cc1d_kernel.
+  // smem_bytes: dynamic shared memory the launches will ask for (opt-in > 48 KB).
+  virtual void* load_function(int device, const std::string& hash,
+                              const std::vector<uint8_t>& binary, int smem_bytes) = 0;
+  virtual void launch(void* function, Dim3 grid, Dim3 block, unsigned smem_bytes,
+                      void* stream, void* params, std::size_t params_size) = 0;
+};
+
+// Process-wide backends; constructing one loads nothing.
+Backend& cuda_backend();
+Backend& hip_backend();
+// "sm_*" -> CUDA, "gfx*" -> HIP; InvalidArgument otherwise.
+Backend& backend_for_target(const std::string& target);
+Backend& backend_for_vendor(const std::string& vendor);  // "cuda"/"nvidia", "hip"/"amd"/"rocm"
+
+}  // namespace cc1d

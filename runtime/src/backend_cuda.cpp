@@ -1,0 +1,359 @@
+// NVIDIA backend: NVRTC (compile to CUBIN, no driver needed) and the CUDA
+// driver API (libcuda.so.1), both dlopen()ed on first use. The few types and
+// prototypes we need are declared here so no CUDA header is needed to build.
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "backend.h"
+#include "dynlib.h"
+#include "env.h"
+
+namespace cc1d {
+namespace {
+
+// ---- declarations (cuda.h / nvrtc.h subset) ------------------------------
+enum CUresult : int { CUDA_SUCCESS = 0 };
+enum nvrtcResult : int { NVRTC_SUCCESS = 0 };
+using CUdevice = int;
+using CUcontext = struct CUctx_st*;
+using CUmodule = struct CUmod_st*;
+using CUfunction = struct CUfunc_st*;
+using CUstream = struct CUstream_st*;
+using nvrtcProgram = struct _nvrtcProgram*;
+constexpr int CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X = 5;
+constexpr int CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y = 6;
+constexpr int CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z = 7;
+constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
+constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
+constexpr int CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9;
+constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
+constexpr int kDefaultSmemLimit = 48 * 1024;
+
+struct Driver {
+  DynLib lib;
+  CUresult (*cuInit)(unsigned);
+  CUresult (*cuGetErrorName)(CUresult, const char**);
+  CUresult (*cuDeviceGet)(CUdevice*, int);
+  CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice);
+  CUresult (*cuPointerGetAttribute)(void*, int, unsigned long long);
+  CUresult (*cuCtxGetCurrent)(CUcontext*);
+  CUresult (*cuCtxSetCurrent)(CUcontext);
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice);
+  CUresult (*cuModuleLoadData)(CUmodule*, const void*);
+  CUresult (*cuModuleUnload)(CUmodule);
+  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
+  CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, unsigned, CUstream, void**, void**);
+};
+
+struct Nvrtc {
+  DynLib lib;
+  const char* (*nvrtcGetErrorString)(nvrtcResult);
+  nvrtcResult (*nvrtcVersion)(int*, int*);
+  nvrtcResult (*nvrtcCreateProgram)(nvrtcProgram*, const char*, const char*, int,
+                                    const char* const*, const char* const*);
+  nvrtcResult (*nvrtcDestroyProgram)(nvrtcProgram*);
+  nvrtcResult (*nvrtcCompileProgram)(nvrtcProgram, int, const char* const*);
+  nvrtcResult (*nvrtcGetProgramLogSize)(nvrtcProgram, size_t*);
+  nvrtcResult (*nvrtcGetProgramLog)(nvrtcProgram, char*);
+  nvrtcResult (*nvrtcGetCUBINSize)(nvrtcProgram, size_t*);
+  nvrtcResult (*nvrtcGetCUBIN)(nvrtcProgram, char*);
+};
+
+const Driver* g_driver = nullptr;  // set once the driver is loaded (for error names)
+const Nvrtc* g_nvrtc = nullptr;
+
+[[noreturn]] void throw_error(CUresult r, const char* call, const std::string& context) {
+  const char* name = nullptr;
+  if (!g_driver || g_driver->cuGetErrorName(r, &name) != CUDA_SUCCESS || !name) name = "CUDA_ERROR_?";
+  throw BackendError(std::string(call) + " failed: " + name + " (" + std::to_string(int(r)) +
+                     ")" + (context.empty() ? "" : "; " + context));
+}
+[[noreturn]] void throw_error(nvrtcResult r, const char* call, const std::string& context) {
+  const char* name = g_nvrtc ? g_nvrtc->nvrtcGetErrorString(r) : "NVRTC_ERROR_?";
+  throw BackendError(std::string(call) + " failed: " + name + " (" + std::to_string(int(r)) +
+                     ")" + (context.empty() ? "" : "; " + context));
+}
+
+// The context expression is evaluated only on failure.
+#define CC1D_CUDA_CHECK(call, context)                          \
+  do {                                                          \
+    auto cc1d_r_ = (call);                                      \
+    if (cc1d_r_ != 0) throw_error(cc1d_r_, #call, (context));   \
+  } while (0)
+
+std::vector<std::string> nvrtc_candidates() {
+  std::vector<std::string> names;
+  if (!env().nvrtc_path.empty()) names.push_back(env().nvrtc_path);
+  const char* sonames[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so"};
+  for (const char* s : sonames) names.push_back(s);
+  for (const char* dir : {"/usr/local/cuda/lib64/", "/usr/local/cuda/targets/x86_64-linux/lib/"})
+    for (const char* s : sonames) names.push_back(std::string(dir) + s);
+  return names;
+}
+
+// RAII for an NVRTC program.
+struct Program {
+  nvrtcProgram p = nullptr;
+  ~Program() { if (p) g_nvrtc->nvrtcDestroyProgram(&p); }
+};
+
+// RAII for a loaded module; unload errors at process exit are ignored.
+struct Module {
+  CUmodule m = nullptr;
+  explicit Module(CUmodule mod) : m(mod) {}
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+  ~Module() { if (m && g_driver) g_driver->cuModuleUnload(m); }
+};
+
+struct Loaded {
+  std::unique_ptr<Module> module;
+  CUfunction function = nullptr;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  const char* vendor() const override { return "cuda"; }
+
+  std::string compiler_version() override {
+    const Nvrtc& n = nvrtc();
+    int major = 0, minor = 0;
+    CC1D_CUDA_CHECK(n.nvrtcVersion(&major, &minor), "");
+    // The file name carries the patch release (libnvrtc.so.13.0.88), which
+    // nvrtcVersion does not; cache keys must change when the compiler does.
+    std::string path = n.lib.real_path();
+    return "nvrtc " + std::to_string(major) + "." + std::to_string(minor) + " (" +
+           path.substr(path.find_last_of('/') + 1) + ")";
+  }
+
+  CompileResult compile(const std::string& source, const std::string& target,
+                        const std::vector<std::string>& options) override {
+    const Nvrtc& n = nvrtc();
+    Program prog;
+    CC1D_CUDA_CHECK(n.nvrtcCreateProgram(&prog.p, source.c_str(), "cc1d_kernel.cu", 0, nullptr, nullptr),
+                    "target " + target);
+    std::vector<std::string> opts = {"--gpu-architecture=" + target, "-std=c++17"};
+    // NVRTC 13 keeps its own compute cache (~/.nv/ComputeCache when a driver is
+    // present) and returns an EMPTY log on its hits, which hides ptxas -v
+    // output; our cache already does that job.
+    if (nvrtc_major_ >= 13) opts.push_back("--no-cache");
+    opts.insert(opts.end(), options.begin(), options.end());
+    std::vector<const char*> argv;
+    for (const auto& o : opts) argv.push_back(o.c_str());
+    nvrtcResult rc = n.nvrtcCompileProgram(prog.p, int(argv.size()), argv.data());
+    CompileResult out;
+    size_t log_size = 0;
+    if (n.nvrtcGetProgramLogSize(prog.p, &log_size) == NVRTC_SUCCESS && log_size > 1) {
+      out.log.resize(log_size);
+      n.nvrtcGetProgramLog(prog.p, &out.log[0]);
+      out.log.resize(log_size - 1);  // drop the terminating NUL
+    }
+    if (rc != NVRTC_SUCCESS) {
+      std::string cmd;
+      for (const auto& o : opts) cmd += " " + o;
+      throw CompileError("NVRTC failed to compile for " + target + " (" + n.nvrtcGetErrorString(rc) +
+                         "), options:" + cmd + "\n" + out.log);
+    }
+    size_t size = 0;
+    CC1D_CUDA_CHECK(n.nvrtcGetCUBINSize(prog.p, &size), "target " + target);
+    out.binary.resize(size);
+    CC1D_CUDA_CHECK(n.nvrtcGetCUBIN(prog.p, reinterpret_cast<char*>(out.binary.data())), "target " + target);
+    return out;
+  }
+
+  std::string device_target(int device) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return device_info(device).target;
+  }
+
+  int device_of_pointer(const void* ptr) noexcept override {
+    const Driver* d = driver_or_null();
+    if (!d || !ptr) return -1;
+    int ordinal = -1;
+    // Fails (CUDA_ERROR_INVALID_VALUE) for memory the driver does not know.
+    if (d->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                 reinterpret_cast<unsigned long long>(ptr)) != CUDA_SUCCESS)
+      return -1;
+    return ordinal;
+  }
+
+  Dim3 max_grid(int device) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return device_info(device).max_grid;
+  }
+
+  void* find_function(int device, const std::string& hash) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    CUcontext ctx = current_context(device);
+    auto c = modules_.find(ctx);
+    if (c == modules_.end()) return nullptr;
+    auto f = c->second.find(hash);
+    return f == c->second.end() ? nullptr : f->second.function;
+  }
+
+  void* load_function(int device, const std::string& hash, const std::vector<uint8_t>& binary,
+                      int smem_bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Driver& d = driver();
+    CUcontext ctx = current_context(device);
+    auto& per_ctx = modules_[ctx];
+    if (auto f = per_ctx.find(hash); f != per_ctx.end()) return f->second.function;
+    CUmodule mod = nullptr;
+    CC1D_CUDA_CHECK(d.cuModuleLoadData(&mod, binary.data()), "kernel " + hash + " on device " + std::to_string(device));
+    Loaded l;
+    l.module = std::make_unique<Module>(mod);
+    CC1D_CUDA_CHECK(d.cuModuleGetFunction(&l.function, mod, "cc1d_kernel"), "kernel " + hash);
+    if (smem_bytes > kDefaultSmemLimit)
+      CC1D_CUDA_CHECK(d.cuFuncSetAttribute(l.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes),
+                      "kernel " + hash + " asks for " + std::to_string(smem_bytes) + " bytes of shared memory");
+    CUfunction f = l.function;
+    per_ctx.emplace(hash, std::move(l));
+    return f;
+  }
+
+  void launch(void* function, Dim3 g, Dim3 b, unsigned smem, void* stream, void* params,
+              std::size_t params_size) override {
+    void* args[] = {params};
+    CC1D_CUDA_CHECK(driver().cuLaunchKernel(static_cast<CUfunction>(function), g.x, g.y, g.z, b.x, b.y, b.z,
+                                            smem, static_cast<CUstream>(stream), args, nullptr),
+                    "grid (" + std::to_string(g.x) + "," + std::to_string(g.y) + "," + std::to_string(g.z) +
+                        ") block (" + std::to_string(b.x) + "," + std::to_string(b.y) + "," +
+                        std::to_string(b.z) + ") smem " + std::to_string(smem) + " params " +
+                        std::to_string(params_size) + " bytes");
+  }
+
+ private:
+  struct DeviceInfo {
+    bool ready = false;
+    std::string target;
+    Dim3 max_grid;
+    CUcontext primary = nullptr;
+  };
+
+  const Nvrtc& nvrtc() {
+    std::call_once(nvrtc_once_, [this] {
+      try {
+        nvrtc_.lib = DynLib::open_first(nvrtc_candidates(), "NVRTC (set CC1D_NVRTC to its path)");
+        auto& n = nvrtc_;
+        n.lib.get(n.nvrtcGetErrorString, "nvrtcGetErrorString");
+        n.lib.get(n.nvrtcVersion, "nvrtcVersion");
+        n.lib.get(n.nvrtcCreateProgram, "nvrtcCreateProgram");
+        n.lib.get(n.nvrtcDestroyProgram, "nvrtcDestroyProgram");
+        n.lib.get(n.nvrtcCompileProgram, "nvrtcCompileProgram");
+        n.lib.get(n.nvrtcGetProgramLogSize, "nvrtcGetProgramLogSize");
+        n.lib.get(n.nvrtcGetProgramLog, "nvrtcGetProgramLog");
+        n.lib.get(n.nvrtcGetCUBINSize, "nvrtcGetCUBINSize");
+        n.lib.get(n.nvrtcGetCUBIN, "nvrtcGetCUBIN");
+        int minor = 0;
+        if (n.nvrtcVersion(&nvrtc_major_, &minor) != NVRTC_SUCCESS) nvrtc_major_ = 0;
+        g_nvrtc = &nvrtc_;
+      } catch (const Error& e) {
+        nvrtc_error_ = e.what();
+      }
+    });
+    if (!g_nvrtc) throw BackendError(nvrtc_error_);
+    return nvrtc_;
+  }
+
+  // Loads libcuda.so.1 and runs cuInit once; nullptr (and the reason kept) if
+  // there is no driver or no device.
+  const Driver* driver_or_null() noexcept {
+    std::call_once(driver_once_, [this] {
+      try {
+        driver_.lib = DynLib::open_first({"libcuda.so.1", "libcuda.so"}, "the CUDA driver");
+        auto& d = driver_;
+        d.lib.get(d.cuInit, "cuInit");
+        d.lib.get(d.cuGetErrorName, "cuGetErrorName");
+        d.lib.get(d.cuDeviceGet, "cuDeviceGet");
+        d.lib.get(d.cuDeviceGetAttribute, "cuDeviceGetAttribute");
+        d.lib.get(d.cuPointerGetAttribute, "cuPointerGetAttribute");
+        d.lib.get(d.cuCtxGetCurrent, "cuCtxGetCurrent");
+        d.lib.get(d.cuCtxSetCurrent, "cuCtxSetCurrent");
+        d.lib.get(d.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+        d.lib.get(d.cuModuleLoadData, "cuModuleLoadData");
+        d.lib.get(d.cuModuleUnload, "cuModuleUnload");
+        d.lib.get(d.cuModuleGetFunction, "cuModuleGetFunction");
+        d.lib.get(d.cuFuncSetAttribute, "cuFuncSetAttribute");
+        d.lib.get(d.cuLaunchKernel, "cuLaunchKernel");
+        g_driver = &driver_;  // error names available from here on
+        CC1D_CUDA_CHECK(d.cuInit(0), "");
+        driver_ok_ = true;
+      } catch (const std::exception& e) {
+        driver_error_ = e.what();
+      } catch (...) {
+        driver_error_ = "unknown error loading the CUDA driver";
+      }
+    });
+    return driver_ok_ ? &driver_ : nullptr;
+  }
+
+  const Driver& driver() {
+    if (const Driver* d = driver_or_null()) return *d;
+    throw BackendError("CUDA driver unavailable: " + driver_error_);
+  }
+
+  // Caller holds mu_.
+  DeviceInfo& device_info(int device) {
+    const Driver& d = driver();
+    if (device < 0) throw BackendError("invalid CUDA device " + std::to_string(device));
+    if (size_t(device) >= devices_.size()) devices_.resize(device + 1);
+    DeviceInfo& info = devices_[device];
+    if (info.ready) return info;
+    CUdevice dev = 0;
+    const std::string where = "device " + std::to_string(device);
+    CC1D_CUDA_CHECK(d.cuDeviceGet(&dev, device), where);
+    int major = 0, minor = 0, gx = 0, gy = 0, gz = 0;
+    CC1D_CUDA_CHECK(d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), where);
+    CC1D_CUDA_CHECK(d.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), where);
+    CC1D_CUDA_CHECK(d.cuDeviceGetAttribute(&gx, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X, dev), where);
+    CC1D_CUDA_CHECK(d.cuDeviceGetAttribute(&gy, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y, dev), where);
+    CC1D_CUDA_CHECK(d.cuDeviceGetAttribute(&gz, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z, dev), where);
+    info.target = "sm_" + std::to_string(major) + std::to_string(minor);
+    info.max_grid = {unsigned(gx), unsigned(gy), unsigned(gz)};
+    info.ready = true;
+    return info;
+  }
+
+  // The caller's current context (PyTorch's, usually); if there is none, the
+  // device's primary context is made current, as the runtime API would do.
+  // Caller holds mu_.
+  CUcontext current_context(int device) {
+    const Driver& d = driver();
+    CUcontext ctx = nullptr;
+    CC1D_CUDA_CHECK(d.cuCtxGetCurrent(&ctx), "");
+    if (ctx) return ctx;
+    DeviceInfo& info = device_info(device);
+    if (!info.primary) {
+      CUdevice dev = 0;
+      CC1D_CUDA_CHECK(d.cuDeviceGet(&dev, device), "device " + std::to_string(device));
+      CC1D_CUDA_CHECK(d.cuDevicePrimaryCtxRetain(&info.primary, dev), "device " + std::to_string(device));
+    }
+    CC1D_CUDA_CHECK(d.cuCtxSetCurrent(info.primary), "device " + std::to_string(device));
+    return info.primary;
+  }
+
+  // Declared first so they are destroyed last (modules unload before dlclose).
+  Driver driver_{};
+  Nvrtc nvrtc_{};
+  std::once_flag driver_once_, nvrtc_once_;
+  bool driver_ok_ = false;
+  int nvrtc_major_ = 0;
+  std::string driver_error_, nvrtc_error_;
+
+  std::mutex mu_;
+  std::vector<DeviceInfo> devices_;
+  std::unordered_map<CUcontext, std::unordered_map<std::string, Loaded>> modules_;
+};
+
+}  // namespace
+
+Backend& cuda_backend() {
+  static CudaBackend b;
+  return b;
+}
+
+}  // namespace cc1d

@@ -1,0 +1,32 @@
+#include "env.h"
+
+#include <cstdlib>
+
+namespace cc1d {
+namespace {
+
+std::string getenv_str(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+Env read_env() {
+  Env e;
+  if (auto d = getenv_str("CC1D_CACHE_DIR"); !d.empty()) e.cache_dir = d;
+  else if (auto x = getenv_str("XDG_CACHE_HOME"); !x.empty()) e.cache_dir = x + "/cc1d";
+  else if (auto h = getenv_str("HOME"); !h.empty()) e.cache_dir = h + "/.cache/cc1d";
+  auto dis = getenv_str("CC1D_DISABLE_DISK_CACHE");
+  e.disk_cache = !e.cache_dir.empty() && !(dis == "1" || dis == "true" || dis == "yes");
+  e.nvrtc_path = getenv_str("CC1D_NVRTC");
+  e.hiprtc_path = getenv_str("CC1D_HIPRTC");
+  return e;
+}
+
+}  // namespace
+
+const Env& env() {
+  static const Env e = read_env();
+  return e;
+}
+
+}  // namespace cc1d

@@ -1,0 +1,17 @@
+// Every path and environment knob of the runtime, read once per process.
+#pragma once
+#include <string>
+
+namespace cc1d {
+
+struct Env {
+  std::string cache_dir;      // CC1D_CACHE_DIR | $XDG_CACHE_HOME/cc1d | $HOME/.cache/cc1d ("" if none)
+  bool disk_cache = true;     // false when CC1D_DISABLE_DISK_CACHE=1 or no cache dir
+  std::string nvrtc_path;     // CC1D_NVRTC: explicit libnvrtc to load first
+  std::string hiprtc_path;    // CC1D_HIPRTC: explicit libhiprtc (or libamdhip64) to load first
+  std::string kernels_dir() const { return cache_dir + "/kernels"; }
+};
+
+const Env& env();
+
+}  // namespace cc1d

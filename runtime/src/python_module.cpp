@@ -1,0 +1,192 @@
+// pybind11 module cc1d._cc1d: a thin layer over the C++ API. The fwd path is
+// timed for host overhead: plain ints in, fixed-size arrays, no dicts.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <array>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+
+#include "catalog.h"
+#include "cc1d/cc1d.h"
+
+namespace py = pybind11;
+using namespace cc1d;
+
+namespace {
+
+using Ptrs = std::array<int64_t, 7>;      // x, weight, bias, seq_idx, initial_states, out, final_states
+using Sizes = std::array<int64_t, 4>;     // batch, dim, seqlen, width
+using Strides = std::array<int64_t, 17>;  // FwdParams stride fields, declared order
+
+template <class T> T* as_ptr(int64_t v) { return reinterpret_cast<T*>(static_cast<uintptr_t>(v)); }
+
+FwdArgs make_args(const Ptrs& ptrs, const Sizes& sizes, const Strides& s, int x_dtype, int w_dtype,
+                  bool silu, int64_t stream) {
+  FwdArgs a;
+  FwdParams& p = a.p;
+  p.x = as_ptr<const void>(ptrs[0]);
+  p.weight = as_ptr<const void>(ptrs[1]);
+  p.bias = as_ptr<const void>(ptrs[2]);
+  p.seq_idx = as_ptr<const int32_t>(ptrs[3]);
+  p.initial_states = as_ptr<const void>(ptrs[4]);
+  p.out = as_ptr<void>(ptrs[5]);
+  p.final_states = as_ptr<void>(ptrs[6]);
+  p.batch = sizes[0];
+  p.dim = sizes[1];
+  p.seqlen = sizes[2];
+  // The 17 strides are contiguous int64 fields starting at x_batch_stride.
+  static_assert(offsetof(FwdParams, fs_w_stride) - offsetof(FwdParams, x_batch_stride) == 16 * 8,
+                "FwdParams strides must stay contiguous");
+  std::memcpy(&p.x_batch_stride, s.data(), sizeof(int64_t) * s.size());
+  p.silu = silu ? 1 : 0;
+  a.x_dtype = static_cast<DType>(x_dtype);
+  a.w_dtype = static_cast<DType>(w_dtype);
+  a.width = int(sizes[3]);
+  a.stream = as_ptr<void>(stream);
+  return a;
+}
+
+py::dict variant_dict(const KernelVariant& v) {
+  py::dict d;
+  d["key"] = v.key;
+  d["hash"] = v.hash;
+  d["source"] = v.source;
+  d["threads"] = v.threads;
+  d["tile_l"] = v.tile_l;
+  d["tile_d"] = v.tile_d;
+  d["smem_bytes"] = v.smem_bytes;
+  d["align_bytes"] = v.align_bytes;
+  return d;
+}
+
+KernelVariant variant_from(const py::dict& d) {
+  auto need = [&](const char* k) {
+    if (!d.contains(k)) throw InvalidArgument(std::string("variant dict lacks '") + k + "'");
+    return d[k];
+  };
+  KernelVariant v;
+  v.key = need("key").cast<std::string>();
+  v.hash = need("hash").cast<std::string>();
+  v.source = need("source").cast<std::string>();
+  v.threads = need("threads").cast<int>();
+  v.tile_l = need("tile_l").cast<int>();
+  v.tile_d = need("tile_d").cast<int>();
+  v.smem_bytes = need("smem_bytes").cast<int>();
+  v.align_bytes = need("align_bytes").cast<int>();
+  return v;
+}
+
+// Holds the Python callable; calls and drops it with the GIL held, and leaks
+// it if the interpreter is already gone at process exit.
+struct PyLogHandler {
+  py::object fn;
+  explicit PyLogHandler(py::object f) : fn(std::move(f)) {}
+  ~PyLogHandler() {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      fn = py::object();
+    } else {
+      fn.release();
+    }
+  }
+  void operator()(const std::string& message) const {
+    if (!Py_IsInitialized()) return;
+    py::gil_scoped_acquire gil;
+    try {
+      fn(message);
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("cc1d log handler");
+    }
+  }
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_cc1d, m) {
+  m.doc() = "cc1d runtime: run-time compiled causal conv1d kernels (NVRTC / hipRTC)";
+
+  // Translators run newest first: the base class goes first so that the
+  // derived ones below are tried before it.
+  py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
+  py::register_exception<CompileError>(m, "CompileError", PyExc_RuntimeError);
+  py::register_exception<BackendError>(m, "BackendError", PyExc_RuntimeError);
+  py::register_exception<TypeMismatch>(m, "TypeMismatch", PyExc_TypeError);
+  py::register_exception<InvalidArgument>(m, "InvalidArgument", PyExc_ValueError);
+
+  m.def(
+      "compile",
+      [](const std::string& source, const std::string& target, const std::vector<std::string>& options) {
+        CompileResult r;
+        {
+          py::gil_scoped_release nogil;
+          r = cc1d::compile(source, target, options);
+        }
+        return py::make_tuple(
+            py::bytes(reinterpret_cast<const char*>(r.binary.data()), r.binary.size()), r.log);
+      },
+      py::arg("source"), py::arg("target"), py::arg("options") = std::vector<std::string>{},
+      "compile(source, target, options=[]) -> (binary: bytes, log: str), through the compile cache");
+
+  m.def("compiler_version", &cc1d::compiler_version, py::arg("target"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("device_target", &cc1d::device_target, py::arg("vendor"), py::arg("device"),
+        py::call_guard<py::gil_scoped_release>());
+
+  m.def(
+      "fwd",
+      [](const Ptrs& ptrs, const Sizes& sizes, const Strides& strides, int x_dtype, int w_dtype, bool silu,
+         int64_t stream) {
+        const FwdArgs a = make_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, stream);
+        py::gil_scoped_release nogil;
+        causal_conv1d_fwd(a);
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
+      py::arg("silu"), py::arg("stream"));
+
+  m.def(
+      "launch_fwd",
+      [](const py::dict& variant, const Ptrs& ptrs, const Sizes& sizes, const Strides& strides, int x_dtype,
+         int w_dtype, bool silu, int64_t stream) {
+        const KernelVariant v = variant_from(variant);
+        const FwdArgs a = make_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, stream);
+        py::gil_scoped_release nogil;
+        cc1d::launch_fwd(v, a);
+      },
+      py::arg("variant"), py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"),
+      py::arg("w_dtype"), py::arg("silu"), py::arg("stream"));
+
+  m.def(
+      "select_fwd",
+      [](const Ptrs& ptrs, const Sizes& sizes, const Strides& strides, int x_dtype, int w_dtype, bool silu,
+         int64_t stream) {
+        return variant_dict(cc1d::select_fwd(make_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, stream)));
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
+      py::arg("silu"), py::arg("stream"));
+
+  m.def("catalog", [] {
+    py::list out;
+    const catalog::Entry* e = catalog::entries();
+    for (std::size_t i = 0; i < catalog::num_entries(); ++i) {
+      py::dict d = variant_dict({e[i].key, e[i].hash, e[i].source, e[i].threads, e[i].tile_l, e[i].tile_d,
+                                 e[i].smem_bytes, e[i].align_bytes});
+      d["family"] = e[i].family;
+      out.append(std::move(d));
+    }
+    return out;
+  });
+
+  m.def(
+      "set_log_handler",
+      [](py::object fn) {
+        if (fn.is_none()) {
+          cc1d::set_log_handler({});
+          return;
+        }
+        auto h = std::make_shared<PyLogHandler>(std::move(fn));
+        cc1d::set_log_handler([h](const std::string& msg) { (*h)(msg); });
+      },
+      py::arg("handler"), "Route runtime warnings to handler(message: str); None restores stderr.");
+}

@@ -1,0 +1,25 @@
+// Argument checks of the public entry points and the few facts derived from
+// the arguments that dispatch needs (layout, family key, alignment).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "cc1d/cc1d.h"
+
+namespace cc1d {
+
+enum class Layout : int { channel_first = 0, channel_last = 1 };
+
+// Throws InvalidArgument / TypeMismatch naming the field, what was expected
+// and what was given. Returns the layout the call uses.
+Layout validate_fwd(const FwdArgs& a);
+
+// "fwd.cl.bf16wf32.w4" written into `buf` (no allocation); returns its length.
+constexpr std::size_t kFamilyBufSize = 32;
+std::size_t fwd_family(const FwdArgs& a, Layout layout, char (&buf)[kFamilyBufSize]);
+
+// Largest power of two (capped at 256) dividing the x and out base addresses
+// and their batch and outer strides in bytes: the alignment a variant may assume.
+int fwd_alignment(const FwdArgs& a, Layout layout);
+
+}  // namespace cc1d

@@ -1,0 +1,55 @@
+"""Shared fixtures: the compiled runtime, compiler availability, opt-in runs."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# Test helpers (covering.py, fwd_cases.py, ...) import by plain name; with
+# --import-mode=importlib pytest does not put this folder on sys.path itself.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--all-variants", action="store_true", default=False,
+                     help="compile and GPU-validate every valid variant of every family")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--all-variants"):
+        return
+    skip = pytest.mark.skip(reason="opt-in: run with --all-variants")
+    for item in items:
+        if "all_variants" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def rt():
+    from cc1d._runtime import runtime
+    return runtime()
+
+
+_TRIVIAL = 'extern "C" __global__ void cc1d_kernel(float* p) { p[threadIdx.x] = 1.0f; }\n'
+
+
+@pytest.fixture(scope="session")
+def nvrtc(rt):
+    """Skips unless NVRTC can compile for sm_90 on this machine."""
+    try:
+        rt.compile(_TRIVIAL, "sm_90")
+    except RuntimeError as exc:
+        pytest.skip(f"NVRTC not usable here: {exc}".splitlines()[0])
+    return rt
+
+
+def rocm_trixie_script() -> Path | None:
+    """../shared/tools/rocm-trixie.sh (or $CC1D_ROCM_TRIXIE_SH): Debian 13's hipRTC 5.7."""
+    env = os.environ.get("CC1D_ROCM_TRIXIE_SH")
+    candidates = [Path(env)] if env else []
+    candidates += [REPO.parent / "shared" / "tools" / "rocm-trixie.sh",
+                   REPO / "shared" / "tools" / "rocm-trixie.sh"]
+    return next((c for c in candidates if c.is_file()), None)

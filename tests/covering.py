@@ -1,0 +1,51 @@
+"""Pairwise covering sets of variants: every value of every axis, and every
+pair of values of two axes, appears in at least one chosen variant (among
+the pairs that some valid variant has)."""
+from __future__ import annotations
+
+import itertools
+from functools import lru_cache
+
+from cc1d.generator import Variant, families, space_for, variants
+
+
+def _axes(v: Variant) -> tuple:
+    f = v.family
+    return (("dtypes", (f.x_dtype, f.w_dtype)), ("width", f.width), *v.config)
+
+
+def _pairs(v: Variant) -> frozenset:
+    ax = _axes(v)
+    return frozenset(itertools.combinations(ax, 2)) | frozenset((a,) for a in ax)
+
+
+@lru_cache(maxsize=None)
+def covering_variants(op: str, layout: str, arch: str = "sm_90") -> tuple[Variant, ...]:
+    candidates = [v for f in families(op, layout) for v in variants(f, arch)]
+    cand_pairs = [_pairs(v) for v in candidates]
+    uncovered = set().union(*cand_pairs)
+    chosen: list[Variant] = []
+    while uncovered:
+        best = max(range(len(candidates)), key=lambda i: len(cand_pairs[i] & uncovered))
+        chosen.append(candidates[best])
+        uncovered -= cand_pairs[best]
+    return tuple(chosen)
+
+
+def all_covering(arch: str = "sm_90") -> list[Variant]:
+    ops_layouts = sorted({(f.op, f.layout) for f in families()})
+    return [v for op, lay in ops_layouts for v in covering_variants(op, lay, arch)]
+
+
+def axis_values(op: str, layout: str, arch: str = "sm_90") -> dict:
+    """Every value each axis takes in some valid variant (for the coverage test)."""
+    seen: dict = {}
+    for f in families(op, layout):
+        for v in variants(f, arch):
+            for name, value in _axes(v):
+                seen.setdefault(name, set()).add(value)
+    return seen
+
+
+def space_params(op: str, layout: str):
+    return space_for(families(op, layout)[0]).params

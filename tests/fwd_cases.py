@@ -1,0 +1,126 @@
+"""Forward test cases on the GPU: random inputs in either layout, optional
+features, poisoned outputs, and the float64 reference to compare against."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from cc1d.reference import causal_conv1d_ref
+
+TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+DTYPE_CODES = {"f32": 0, "f16": 1, "bf16": 2}
+# relative L2 error allowed per x dtype (the output is rounded to it)
+TOLERANCE = {"f32": 2e-5, "f16": 3e-3, "bf16": 2e-2}
+
+
+@dataclass(frozen=True)
+class Case:
+    layout: str = "cf"
+    x_dtype: str = "bf16"
+    w_dtype: str = "f32"
+    width: int = 4
+    batch: int = 2
+    dim: int = 64
+    seqlen: int = 127
+    bias: bool = True
+    silu: bool = True
+    seq_idx: bool = False
+    states: bool = False
+    final: bool = False
+    sliced: bool = False  # x is a strided slice at an odd element offset
+
+    def id(self) -> str:
+        feats = "".join(c for c, on in zip("bsqif~", (self.bias, self.silu, self.seq_idx,
+                                                    self.states, self.final, self.sliced)) if on)
+        return (f"{self.layout}-{self.x_dtype}w{self.w_dtype}-w{self.width}-"
+                f"{self.batch}x{self.dim}x{self.seqlen}-{feats or 'plain'}")
+
+
+def random_seq_idx(batch: int, seqlen: int, gen: torch.Generator) -> torch.Tensor:
+    """Increasing sequence ids per row with random boundaries and ~10% padding (-1)."""
+    starts = (torch.rand(batch, seqlen, generator=gen) < 0.05).to(torch.int32)
+    starts[:, 0] = 0
+    ids = torch.cumsum(starts, dim=1).to(torch.int32)
+    pad = torch.rand(batch, seqlen, generator=gen) < 0.1
+    return torch.where(pad, torch.full_like(ids, -1), ids)
+
+
+def _layout(t_bdl: torch.Tensor, layout: str, sliced: bool, gen: torch.Generator) -> torch.Tensor:
+    """Place a (batch, dim, seqlen) tensor in memory as the layout asks."""
+    b, d, l = t_bdl.shape
+    if layout == "cf":
+        if sliced:
+            big = torch.randn(b, d + 2, l + 3, generator=gen).to(t_bdl.dtype)
+            big[:, 1:1 + d, 1:1 + l] = t_bdl
+            return big[:, 1:1 + d, 1:1 + l]
+        return t_bdl.contiguous()
+    if sliced:
+        big = torch.randn(b, l + 3, d + 3, generator=gen).to(t_bdl.dtype)
+        big[:, 1:1 + l, 1:1 + d] = t_bdl.transpose(1, 2)
+        return big[:, 1:1 + l, 1:1 + d].transpose(1, 2)
+    return t_bdl.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def make_inputs(case: Case, seed: int, device="cuda") -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    xd, wd = TORCH_DTYPES[case.x_dtype], TORCH_DTYPES[case.w_dtype]
+    x = torch.randn(case.batch, case.dim, case.seqlen, generator=gen).to(xd)
+    x = _layout(x, case.layout, case.sliced, gen).to(device)
+    weight = (torch.randn(case.dim, case.width, generator=gen) / case.width ** 0.5).to(wd).to(device)
+    bias = torch.randn(case.dim, generator=gen).to(wd).to(device) if case.bias else None
+    seq_idx = random_seq_idx(case.batch, case.seqlen, gen).to(device) if case.seq_idx else None
+    states = None
+    if case.states:
+        states = torch.randn(case.batch, case.dim, case.width - 1, generator=gen).to(xd).to(device)
+    return dict(x=x, weight=weight, bias=bias, seq_idx=seq_idx, initial_states=states)
+
+
+def poisoned(shape, dtype, like_layout: torch.Tensor | None = None) -> torch.Tensor:
+    """An output buffer full of NaN: any element a kernel fails to write fails the test."""
+    if like_layout is not None and like_layout.stride(2) != 1 and like_layout.stride(1) == 1:
+        t = torch.full((shape[0], shape[2], shape[1]), float("nan"), dtype=dtype, device="cuda")
+        return t.transpose(1, 2)
+    return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
+def reference(case: Case, inp: dict):
+    """float64 reference output and final states."""
+    d = lambda t: None if t is None else t.double()  # noqa: E731
+    out, fs = causal_conv1d_ref(d(inp["x"]), d(inp["weight"]), d(inp["bias"]),
+                                initial_states=d(inp["initial_states"]), return_final_states=True,
+                                activation="silu" if case.silu else None, seq_idx=inp["seq_idx"])
+    return out, fs
+
+
+def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double(), want.double()
+    err = torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want).clamp_min(1e-30)
+    return float(err)
+
+
+def assert_close(name: str, got: torch.Tensor, want: torch.Tensor, x_dtype: str) -> None:
+    assert got.shape == want.shape, (name, got.shape, want.shape)
+    n_nan = int(torch.isnan(got).sum())
+    assert n_nan == 0, f"{name}: {n_nan} NaN elements (unwritten or invalid)"
+    err = rel_l2(got, want)
+    assert err == err and err <= TOLERANCE[x_dtype], f"{name}: relative L2 error {err:.3e}"
+
+
+def launch_variant(rt, variant, case: Case, inp: dict):
+    """Run exactly one generated variant on poisoned outputs; returns (out, final_states)."""
+    x, w = inp["x"], inp["weight"]
+    out = poisoned(x.shape, x.dtype, x)
+    fs = poisoned((case.batch, case.dim, case.width - 1), x.dtype) if case.final else None
+    b, s, i = inp["bias"], inp["seq_idx"], inp["initial_states"]
+    ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+    st = lambda t, n: (0,) * n if t is None else tuple(t.stride())  # noqa: E731
+    strides = (*x.stride(), *w.stride(), 0 if b is None else b.stride(0), *out.stride(),
+               *st(s, 2), *st(i, 3), *st(fs, 3))
+    rt.launch_fwd(variant.as_runtime_dict(),
+                  (x.data_ptr(), w.data_ptr(), ptr(b), ptr(s), ptr(i), out.data_ptr(), ptr(fs)),
+                  (case.batch, case.dim, case.seqlen, case.width), strides,
+                  DTYPE_CODES[case.x_dtype], DTYPE_CODES[case.w_dtype], case.silu,
+                  torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    return out, fs

@@ -1,0 +1,53 @@
+"""hipRTC: the covering set compiles for gfx942 and gfx90a through cc1d's own HIP
+backend, in a subprocess under Debian 13's hipRTC 5.7 (../shared/tools/rocm-trixie.sh).
+AMD kernels are only compiled here, never run."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import rocm_trixie_script
+from covering import all_covering
+
+pytestmark = pytest.mark.amd
+WORKER = Path(__file__).with_name("amd_compile_worker.py")
+
+
+@pytest.fixture(scope="module")
+def trixie():
+    script = rocm_trixie_script()
+    if script is None:
+        pytest.skip("rocm-trixie.sh not found (set CC1D_ROCM_TRIXIE_SH): no hipRTC that knows gfx942")
+    setup = subprocess.run(["bash", str(script), "setup"], capture_output=True, text=True)
+    if setup.returncode:
+        pytest.skip(f"rocm-trixie.sh setup failed: {setup.stderr.strip()[-500:]}")
+    return script
+
+
+def _compile_batch(script, target, variants):
+    payload = json.dumps([dict(key=v.key(), source=v.source) for v in variants])
+    proc = subprocess.run(["bash", str(script), "run", "--", sys.executable, str(WORKER), target],
+                          input=payload, capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, "PYTHONPATH": str(WORKER.parent)})
+    assert proc.returncode == 0, f"worker failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("target", ["gfx942", "gfx90a"])
+def test_covering_set_compiles_for_amd(trixie, target):
+    chosen = all_covering(target)
+    results = _compile_batch(trixie, target, chosen)
+    assert len(results) == len(chosen)
+    failed = [f"{r['key']}: {r['log'][-1500:]}" for r in results if not r["ok"]]
+    assert not failed, "\n".join(failed)
+    missing = [r["key"] for r in results if "vgpr_spill_count" not in r["resources"]]
+    assert not missing, f"no resource metadata in the code objects of {missing[:5]}"
+    # SGPR spills go to VGPR lanes (no memory); VGPR spills and scratch would be local memory.
+    spills = [f"{r['key']}: {r['resources']}" for r in results
+              if r["resources"]["vgpr_spill_count"] or r["resources"].get("private_segment_fixed_size")]
+    assert not spills, "scratch use (spills):\n" + "\n".join(spills)

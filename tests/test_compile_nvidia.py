@@ -1,0 +1,75 @@
+"""NVRTC: a pairwise covering set of every family's variants compiles for sm_90
+with no local-memory spills (every variant: opt-in --all-variants)."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from cc1d.generator import default_variant, families
+
+from covering import all_covering, axis_values, covering_variants
+from compile_checks import PTXAS_VERBOSE, nvidia_resources
+
+COVERING = all_covering("sm_90")
+
+
+def _compile_all(rt, variants, target="sm_90", workers=2):
+    def one(v):
+        try:
+            _, log = rt.compile(v.source, target, PTXAS_VERBOSE)
+            return v, nvidia_resources(log), None
+        except RuntimeError as exc:
+            return v, None, str(exc)
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(one, variants))
+
+
+def test_covering_set_covers_every_value_and_pair():
+    for op, layout in {("fwd", "cf"), ("fwd", "cl")}:
+        chosen = covering_variants(op, layout)
+        values = axis_values(op, layout)
+        for axis, vals in values.items():
+            got = {dict((("dtypes", (v.family.x_dtype, v.family.w_dtype)),
+                         ("width", v.family.width), *v.config))[axis] for v in chosen}
+            assert got == vals, (layout, axis)
+
+
+def test_covering_set_compiles_for_sm90_without_spills(nvrtc):
+    failures, spills = [], []
+    for v, res, err in _compile_all(nvrtc, COVERING):
+        if err:
+            failures.append(f"{v.key()}: {err[:2000]}")
+        elif res["spill_stores"] or res["spill_loads"] or res["stack"]:
+            spills.append(f"{v.key()}: {res}")
+    assert not failures, "\n".join(failures)
+    assert not spills, "local-memory use:\n" + "\n".join(spills)
+
+
+def test_default_variants_compile_for_sm90(nvrtc):
+    # a sample: the GPU tests run every family's defaults on the device
+    defaults = [default_variant(f) for f in families()[::9]]
+    bad = [(v.key(), err) for v, _, err in _compile_all(nvrtc, defaults) if err]
+    assert not bad
+
+
+def test_compile_error_carries_the_log(nvrtc):
+    with pytest.raises(RuntimeError, match="cc1d_kernel|error"):
+        nvrtc.compile('extern "C" __global__ void cc1d_kernel() { undeclared_symbol(); }', "sm_90")
+
+
+@pytest.mark.all_variants
+@pytest.mark.slow
+def test_every_variant_compiles_for_sm90(nvrtc):
+    import os
+
+    from cc1d.generator import variants
+    every = [v for f in families() for v in variants(f)]
+    results = _compile_all(nvrtc, every, workers=os.cpu_count() or 2)
+    failures = [f"{v.key()}: {err[:500]}" for v, _, err in results if err]
+    spills = [v.key() for v, res, err in results
+              if not err and (res["spill_stores"] or res["stack"])]
+    print(f"\ncompiled {len(results)} variants for sm_90: {len(failures)} failed, "
+          f"{len(spills)} with local memory")
+    assert not failures, "\n".join(failures[:50])
+    assert not spills, "\n".join(spills[:50])

@@ -1,0 +1,200 @@
+"""The tuning DB: schema, refusal rules, concurrent writers, atomic winners,
+export/import/merge round trip, validation of every entry."""
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from cc1d.generator import EPOCH, default_variant, families
+from cc1d.tuner.db import SCHEMA_VERSION, DBError, TuningDB, family_from_key, sha256
+
+FAM = families("fwd", "cf")[0]
+
+
+def winner_row(variant, shape_key="b1.d64.l128.bias.silu", arch="sm_90", time_us=10.0):
+    return dict(arch=arch, family_key=variant.family.key(), shape_key=shape_key, op="fwd", batch=1, dim=64,
+                seqlen=128, features="bias,silu", variant_key=variant.key(), config=variant.params,
+                source_hash=variant.hash(), **variant.geometry(), time_us=time_us, default_us=12.0,
+                copy_fraction=0.8, spread=0.01, speedup=1.2, environment={"device": "fake"})
+
+
+def put(db, variant, **kw):
+    db.put_winner(variant.source, **winner_row(variant, **kw))
+
+
+def test_schema_and_meta(tmp_path):
+    with TuningDB(tmp_path / "t.db") as db:
+        assert db.meta() == {"schema_version": str(SCHEMA_VERSION), "generator_epoch": str(EPOCH)}
+        assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        tables = {r[0] for r in db.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert {"meta", "sources", "trials", "winners"} <= tables
+    with TuningDB(tmp_path / "t.db") as db:  # reopening keeps it
+        assert db.meta()["schema_version"] == str(SCHEMA_VERSION)
+
+
+def test_refuses_newer_schema(tmp_path):
+    TuningDB(tmp_path / "t.db").close()
+    con = sqlite3.connect(tmp_path / "t.db")
+    con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+    con.commit()
+    con.close()
+    with pytest.raises(DBError, match="newer than this cc1d's"):
+        TuningDB(tmp_path / "t.db")
+
+
+def test_refuses_corrupt_db(tmp_path):
+    path = tmp_path / "t.db"
+    path.write_bytes(b"SQLite format 3\x00" + b"\x07" * 4000)
+    with pytest.raises(DBError, match="(integrity_check|not a readable SQLite DB)"):
+        TuningDB(path)
+
+
+def test_missing_db_when_not_creating(tmp_path):
+    with pytest.raises(DBError, match="does not exist"):
+        TuningDB(tmp_path / "no.db", create=False)
+
+
+def test_family_key_round_trip():
+    for fam in families():
+        assert family_from_key(fam.key()) == fam
+    with pytest.raises(ValueError, match="family key"):
+        family_from_key("fwd.cf")
+
+
+def test_winner_and_trial_writes(tmp_path):
+    v = default_variant(FAM)
+    with TuningDB(tmp_path / "t.db") as db:
+        put(db, v)
+        w = db.winner("sm_90", FAM.key(), "b1.d64.l128.bias.silu")
+        assert w["variant_key"] == v.key() and json.loads(w["config"]) == v.params
+        assert db.source(w["source_hash"]) == v.source
+        db.add_trial(run_id="r", arch="sm_90", family_key=FAM.key(), shape_key="s", variant_key=v.key(),
+                     config=v.params, status="compile_error", error="boom")
+        assert db.trials("sm_90", FAM.key(), "s")[0]["error"] == "boom"
+        with pytest.raises(ValueError, match="status"):
+            db.add_trial(run_id="r", arch="a", family_key="f", shape_key="s", variant_key="v", config={},
+                         status="weird")
+        with pytest.raises(ValueError, match="does not match its hash"):
+            db.put_winner("tampered", **winner_row(v))
+
+
+WRITER = r"""
+import sys
+from cc1d.generator import default_variant, families
+from cc1d.tuner.db import TuningDB
+path, k, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+v = default_variant(families("fwd", "cf")[0])
+with TuningDB(path) as db:
+    for i in range(n):
+        db.add_trial(run_id=f"p{k}", arch="sm_90", family_key=v.family.key(), shape_key=f"s{i}",
+                     variant_key=v.key(), config=v.params, status="ok", time_us=float(i))
+        db.put_winner(v.source, arch="sm_90", family_key=v.family.key(), shape_key=f"p{k}.s{i}", op="fwd",
+                      batch=1, dim=64, seqlen=128, features="", variant_key=v.key(), config=v.params,
+                      **v.geometry(), time_us=1.0, environment={})
+"""
+
+
+def test_concurrent_writers_from_several_processes(tmp_path):
+    path = tmp_path / "t.db"
+    TuningDB(path).close()
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(k), "40"], stderr=subprocess.PIPE)
+             for k in range(4)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode()
+    with TuningDB(path) as db:
+        assert db.conn.execute("SELECT count(*) FROM trials").fetchone()[0] == 160
+        assert len(db.winners()) == 160
+        assert db.validate() == []
+
+
+KILL_MID_WINNER = r"""
+import os, signal, sys
+from cc1d.generator import default_variant, families
+from cc1d.tuner.db import TuningDB
+v = default_variant(families("fwd", "cf")[0])
+db = TuningDB(sys.argv[1])
+with db.transaction():
+    db.conn.execute("INSERT OR IGNORE INTO sources VALUES (?, ?)", (v.hash(), v.source))
+    os.kill(os.getpid(), signal.SIGKILL)  # dies between the source and the winner row
+"""
+
+
+def test_kill_mid_transaction_leaves_nothing(tmp_path):
+    path = tmp_path / "t.db"
+    TuningDB(path).close()
+    proc = subprocess.run([sys.executable, "-c", KILL_MID_WINNER, str(path)], capture_output=True)
+    assert proc.returncode == -9, proc.stderr.decode()
+    with TuningDB(path) as db:
+        assert db.conn.execute("SELECT count(*) FROM sources").fetchone()[0] == 0
+        assert db.winners() == []
+
+
+def _filled(path):
+    db = TuningDB(path)
+    for i, v in enumerate([default_variant(FAM), default_variant(families("fwd", "cl")[3])]):
+        put(db, v, shape_key=f"b{i}.d64.l128.bias.silu", time_us=10.0 + i)
+        db.add_trial(run_id="r", arch="sm_90", family_key=v.family.key(), shape_key=f"b{i}", variant_key=v.key(),
+                     config=v.params, status="ok", time_us=1.0, created_at="2024-01-01T00:00:00Z")
+    return db
+
+
+def test_export_import_round_trip_is_identical_text(tmp_path):
+    with _filled(tmp_path / "a.db") as a:
+        lines = list(a.export_lines(with_trials=True))
+    assert lines == sorted(lines, key=lambda l: ["meta", "winner", "source", "trial"].index(
+        json.loads(l)["kind"])) and all("\n" not in l for l in lines)
+    with TuningDB(tmp_path / "b.db") as b:
+        assert b.import_lines(lines) == 2
+        again = list(b.export_lines(with_trials=True))
+    assert again == lines
+
+
+def test_import_rejects_bad_lines(tmp_path):
+    with TuningDB(tmp_path / "b.db") as b:
+        with pytest.raises(DBError, match="import line 1"):
+            b.import_lines(["not json"])
+        with pytest.raises(DBError, match="has no source line"):
+            v = default_variant(FAM)
+            b.import_lines([json.dumps({"kind": "winner", **winner_row(v), "config": "{}",
+                                        "environment": "{}", "created_at": "x", "epoch": EPOCH})])
+
+
+def test_merge_keeps_the_faster_winner(tmp_path):
+    v = default_variant(FAM)
+    other = default_variant(FAM, threads=256)
+    with TuningDB(tmp_path / "a.db") as a, TuningDB(tmp_path / "b.db") as b:
+        put(a, v, shape_key="s1", time_us=10.0)
+        put(b, other, shape_key="s1", time_us=8.0)   # faster: replaces
+        put(b, other, shape_key="s2", time_us=50.0)  # new: added
+        put(a, v, shape_key="s3", time_us=5.0)
+        put(b, other, shape_key="s3", time_us=6.0)   # slower: kept out
+        assert a.merge_from(b) == 2
+        got = {w["shape_key"]: (w["variant_key"], w["time_us"]) for w in a.winners()}
+    assert got == {"s1": (other.key(), 8.0), "s2": (other.key(), 50.0), "s3": (v.key(), 5.0)}
+
+
+def test_validate_catches_tampering(tmp_path):
+    with _filled(tmp_path / "a.db") as db:
+        assert db.validate() == []
+        h = db.winners()[0]["source_hash"]
+        db.conn.execute("UPDATE sources SET source = source || '// evil' WHERE hash = ?", (h,))
+        db.conn.execute("UPDATE winners SET epoch = ? WHERE shape_key LIKE 'b1.%'", (EPOCH + 1,))
+        problems = db.validate()
+    assert any("does not match its hash" in p for p in problems), problems
+    assert any("re-rendering" in p for p in problems), problems
+    assert any(f"generator epoch {EPOCH + 1}" in p for p in problems), problems
+
+
+def test_validate_catches_a_consistently_forged_source(tmp_path):
+    """Source and hash both changed: only the re-render check sees it."""
+    v = default_variant(FAM)
+    forged = v.source + "\n// extra\n"
+    with TuningDB(tmp_path / "a.db") as db:
+        db.put_winner(forged, **{**winner_row(v), "source_hash": sha256(forged)})
+        problems = db.validate()
+    assert len(problems) == 1 and "re-rendering" in problems[0]

@@ -1,0 +1,195 @@
+"""Forward kernels on the GPU against the float64 reference (marker: gpu)."""
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import cc1d  # noqa: E402
+from cc1d import ops  # noqa: E402
+from cc1d.generator import Family, families, fallback_chain, variants  # noqa: E402
+
+from covering import all_covering  # noqa: E402
+from fwd_cases import (Case, assert_close, launch_variant, make_inputs, poisoned,  # noqa: E402
+                       reference)
+
+pytestmark = pytest.mark.gpu
+
+SEQLENS = (1, 2, 127, 1000, 4097)
+DIMS = (1, 3, 7, 96, 5120)
+FEATURES = [dict(bias=b, silu=s, seq_idx=q, states=i, final=f)
+            for b, s, q, i, f in itertools.product((False, True), repeat=5)]
+
+
+@pytest.fixture(autouse=True)
+def poison_api_outputs(monkeypatch):
+    """The API allocates its outputs through ops._empty_like_layout: fill them with NaN."""
+    real = ops._empty_like_layout
+
+    def poisoned_alloc(x, shape, dtype=None):
+        return real(x, shape, dtype).fill_(float("nan"))
+    monkeypatch.setattr(ops, "_empty_like_layout", poisoned_alloc)
+
+
+def _check_variant(rt, variant, case, seed):
+    inp = make_inputs(case, seed)
+    out, fs = launch_variant(rt, variant, case, inp)
+    ref_out, ref_fs = reference(case, inp)
+    assert_close(f"{variant.key()} {case.id()} out", out, ref_out, case.x_dtype)
+    if case.final:
+        assert_close(f"{variant.key()} {case.id()} final_states", fs, ref_fs, case.x_dtype)
+
+
+def _cases_for(variant, rng, n):
+    f = variant.family
+    cases = []
+    for _ in range(n):
+        feats = rng.choice(FEATURES)
+        cases.append(Case(layout=f.layout, x_dtype=f.x_dtype, w_dtype=f.w_dtype, width=f.width,
+                          batch=rng.randint(1, 9), dim=rng.choice(DIMS[:4]),
+                          seqlen=rng.choice(SEQLENS), **feats))
+    return cases
+
+
+@pytest.mark.parametrize("variant", all_covering("sm_90"), ids=lambda v: v.key())
+def test_covering_variants_match_reference(rt, variant):
+    rng = random.Random(variant.key())
+    for i, case in enumerate(_cases_for(variant, rng, 6)):
+        _check_variant(rt, variant, case, seed=rng.randrange(1 << 30))
+
+
+@pytest.mark.parametrize("layout", ["cf", "cl"])
+@pytest.mark.parametrize("dtypes", [("f32", "f32"), ("f16", "f16"), ("f16", "f32"),
+                                    ("bf16", "bf16"), ("bf16", "f32")], ids="x".join)
+@pytest.mark.parametrize("width", range(2, 9))
+def test_api_every_family_every_feature(layout, dtypes, width):
+    """causal_conv1d_fn through the dispatcher: all 32 feature combinations per family."""
+    rng = random.Random(f"{layout}{dtypes}{width}")
+    for feats in FEATURES:
+        case = Case(layout=layout, x_dtype=dtypes[0], w_dtype=dtypes[1], width=width,
+                    batch=rng.randint(1, 9), dim=rng.choice(DIMS[:4]), seqlen=rng.choice(SEQLENS),
+                    sliced=rng.random() < 0.3, **feats)
+        _check_api(case, seed=rng.randrange(1 << 30))
+
+
+def _check_api(case, seed):
+    inp = make_inputs(case, seed)
+    fs_out = poisoned((case.batch, case.dim, case.width - 1), inp["x"].dtype) if case.final else None
+    res = cc1d.causal_conv1d_fn(inp["x"], inp["weight"], inp["bias"], seq_idx=inp["seq_idx"],
+                                initial_states=inp["initial_states"],
+                                return_final_states=case.final, final_states_out=fs_out,
+                                activation="silu" if case.silu else None)
+    out, fs = res if case.final else (res, None)
+    ref_out, ref_fs = reference(case, inp)
+    x = inp["x"]
+    assert out.dtype == x.dtype and out.shape == x.shape
+    if x.stride(1) == 1 and x.stride(2) != 1:
+        assert out.stride(1) == 1, "channel-last input must give a channel-last output"
+    else:
+        assert out.stride(2) == 1
+    assert_close(f"api {case.id()} out", out, ref_out, case.x_dtype)
+    if case.final:
+        assert fs is fs_out
+        assert_close(f"api {case.id()} final_states", fs, ref_fs, case.x_dtype)
+
+
+@pytest.mark.parametrize("layout", ["cf", "cl"])
+@pytest.mark.parametrize("seqlen", SEQLENS)
+@pytest.mark.parametrize("dim", DIMS)
+def test_api_awkward_shapes(layout, seqlen, dim):
+    rng = random.Random(f"{layout}{seqlen}{dim}")
+    for batch in (1, rng.randint(2, 9)):
+        case = Case(layout=layout, x_dtype=rng.choice(["f32", "f16", "bf16"]), w_dtype="f32",
+                    width=rng.randint(2, 8), batch=batch, dim=dim, seqlen=seqlen,
+                    sliced=batch > 1, **rng.choice(FEATURES))
+        _check_api(case, seed=rng.randrange(1 << 30))
+
+
+def test_api_returns_final_states_allocated_in_layout():
+    inp = make_inputs(Case(layout="cl", states=True), seed=1)
+    out, fs = cc1d.causal_conv1d_fn(inp["x"], inp["weight"], return_final_states=True)
+    assert fs.shape == (2, 64, 3) and fs.stride(1) == 1
+
+
+def test_misaligned_input_uses_a_variant_whose_requirements_hold(rt):
+    case = Case(layout="cf", x_dtype="bf16", sliced=True, seqlen=1000, dim=96)
+    inp = make_inputs(case, seed=3)
+    chain = fallback_chain(Family("fwd", "cf", "bf16", "f32", 4))
+    with pytest.raises(ValueError, match="align"):
+        launch_variant(rt, chain[0], case, inp)  # 16-byte vectors on an odd offset: refused
+    _check_variant(rt, chain[-1], case, seed=3)  # the one-element variant works
+    _check_api(case, seed=3)
+
+
+def test_reference_matches_torch_conv1d():
+    x = torch.randn(2, 8, 33, dtype=torch.float64)
+    w = torch.randn(8, 4, dtype=torch.float64)
+    b = torch.randn(8, dtype=torch.float64)
+    want = torch.nn.functional.conv1d(x, w[:, None, :], b, padding=3, groups=8)[..., :33]
+    got = cc1d.causal_conv1d_ref(x, w, b)
+    assert torch.allclose(got, want)
+
+
+BAD_INPUTS = [
+    ("x", lambda t: dict(t, x=t["x"][0]), ValueError, "3-D"),
+    ("x", lambda t: dict(t, x=t["x"].cpu()), ValueError, "CUDA"),
+    ("x", lambda t: dict(t, x=t["x"].double(), weight=t["weight"].double()), TypeError, "dtype"),
+    ("weight", lambda t: dict(t, weight=t["weight"][:, :1]), ValueError, "width"),
+    ("weight", lambda t: dict(t, weight=torch.randn(64, 9, device="cuda")), ValueError, "width"),
+    ("weight", lambda t: dict(t, weight=t["weight"][:10]), ValueError, "dim"),
+    ("weight", lambda t: dict(t, weight=t["weight"].half()), TypeError, "dtype"),
+    ("bias", lambda t: dict(t, bias=t["bias"][:5]), ValueError, "shape"),
+    ("bias", lambda t: dict(t, bias=t["bias"].half()), TypeError, "dtype"),
+    ("seq_idx", lambda t: dict(t, seq_idx=torch.zeros(2, 127, dtype=torch.int64, device="cuda")),
+     TypeError, "int32"),
+    ("seq_idx", lambda t: dict(t, seq_idx=torch.zeros(2, 5, dtype=torch.int32, device="cuda")),
+     ValueError, "shape"),
+    ("initial_states", lambda t: dict(t, initial_states=torch.zeros(2, 64, 4, device="cuda",
+                                                                    dtype=torch.bfloat16)),
+     ValueError, "width-1"),
+    ("activation", lambda t: dict(t, activation="relu"), ValueError, "silu"),
+]
+
+
+@pytest.mark.parametrize("arg, mutate, exc, words", BAD_INPUTS,
+                         ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD_INPUTS)])
+def test_bad_input_errors_name_the_argument(arg, mutate, exc, words):
+    inp = make_inputs(Case(), seed=0)
+    kwargs = mutate(dict(x=inp["x"], weight=inp["weight"], bias=inp["bias"]))
+    with pytest.raises(exc) as info:
+        cc1d.causal_conv1d_fn(**kwargs)
+    msg = str(info.value)
+    assert f"{arg}:" in msg and words in msg, msg
+
+
+def test_torch_compile_keeps_the_op_in_graph():
+    inp = make_inputs(Case(layout="cl", x_dtype="bf16"), seed=5)
+
+    def f(x, w, b):
+        return cc1d.causal_conv1d_fn(x, w, b, activation="silu") * 2
+
+    compiled = torch.compile(f, fullgraph=True)
+    got = compiled(inp["x"], inp["weight"], inp["bias"])
+    want = f(inp["x"], inp["weight"], inp["bias"])
+    assert torch.equal(got, want)
+
+
+@pytest.mark.all_variants
+@pytest.mark.slow
+def test_every_variant_matches_reference(rt):
+    every = [v for f in families() for v in variants(f)]
+    failures = []
+    for n, v in enumerate(every):
+        rng = random.Random(v.key())
+        for case in _cases_for(v, rng, 2):
+            try:
+                _check_variant(rt, v, case, seed=rng.randrange(1 << 30))
+            except AssertionError as exc:
+                failures.append(str(exc)[:300])
+    print(f"\nGPU-validated {len(every)} variants x 2 cases: {len(failures)} failures")
+    assert not failures, "\n".join(failures[:50])

@@ -1,0 +1,107 @@
+"""Generator: the variant space, its constraints and variant identity."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cc1d.generator import (ARCHS, EPOCH, Family, Variant, arch_info, default_variant,
+                            fallback_chain, families, space_for, variants)
+
+FAMILIES = families()
+
+
+def test_family_count_and_keys_unique():
+    assert len(FAMILIES) == 2 * 5 * 7
+    assert len({f.key() for f in FAMILIES}) == len(FAMILIES)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(op="bwd"), "op"), (dict(layout="nhwc"), "layout"), (dict(x_dtype="f64"), "dtypes"),
+    (dict(x_dtype="f16", w_dtype="bf16"), "dtypes"), (dict(width=1), "width"), (dict(width=9), "width"),
+])
+def test_family_rejects_bad_fields(kwargs, field):
+    base = dict(op="fwd", layout="cf", x_dtype="bf16", w_dtype="f32", width=4)
+    with pytest.raises(ValueError, match=field):
+        Family(**{**base, **kwargs})
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.key())
+def test_every_family_has_valid_variants_and_a_general_fallback(family):
+    found = list(variants(family))
+    assert found, family.key()
+    chain = fallback_chain(family)
+    assert chain[0] == default_variant(family)
+    assert [v.why_invalid() for v in chain] == [None] * len(chain)
+    aligns = [v.geometry()["align_bytes"] for v in chain]
+    assert aligns == sorted(aligns, reverse=True) and aligns[-1] == family.x_bytes
+
+
+def test_key_and_hash_change_with_every_field():
+    base = default_variant(Family("fwd", "cf", "bf16", "f32", 4))
+    others = [dataclasses.replace(base, family=dataclasses.replace(base.family, **change))
+              for change in (dict(layout="cl"), dict(x_dtype="f16"), dict(w_dtype="bf16"),
+                             dict(width=5))]
+    others = [o if o.family.layout == "cf" else default_variant(o.family) for o in others]
+    space = space_for(base.family)
+    for p in space.params:
+        for value in p.values:
+            if value != base.params[p.name]:
+                v = Variant.of(base.family, **{**base.params, p.name: value})
+                if v.why_invalid() is None:
+                    others.append(v)
+                    break
+    assert len(others) >= 4 + len(space.params)
+    for o in others:
+        assert o.key() != base.key(), o
+        assert o.hash() != base.hash(), o.key()
+
+
+def test_key_is_readable_and_complete():
+    v = Variant.of(Family("fwd", "cf", "bf16", "f32", 4), threads=128, vec_bytes=16, nvec=2,
+                   rows=1, halo="shfl")
+    assert v.key() == "fwd.cf.bf16wf32.w4.t128.v16.n2.r1.hshfl"
+    assert f"generator epoch {EPOCH}" in v.source.splitlines()[0]
+
+
+def test_config_must_name_every_parameter():
+    fam = Family("fwd", "cl", "f32", "f32", 3)
+    with pytest.raises(ValueError, match="missing"):
+        Variant.of(fam, threads=128)
+    with pytest.raises(ValueError, match="unknown"):
+        Variant.of(fam, threads=128, vec_bytes=16, tile_d=64, rows_per_thread=2, bogus=1)
+
+
+@pytest.mark.parametrize("config, reason", [
+    (dict(threads=128, vec_bytes=2, nvec=2, rows=1, halo="shfl"), "element size"),
+    (dict(threads=64, vec_bytes=16, nvec=2, rows=4, halo="shfl"), "32 threads"),
+    (dict(threads=96, vec_bytes=16, nvec=2, rows=1, halo="shfl"), "not in"),
+])
+def test_constraints_prune_with_reasons(config, reason):
+    v = Variant.of(Family("fwd", "cf", "f32", "f32", 4), **config)
+    assert reason in (v.why_invalid() or "")
+
+
+def test_channel_last_register_budget_prunes_wide_tiles():
+    fam = Family("fwd", "cl", "bf16", "bf16", 8)
+    v = Variant.of(fam, threads=128, vec_bytes=16, tile_d=64, rows_per_thread=8)
+    assert "registers" in v.why_invalid()
+
+
+def test_warp_size_constraint_depends_on_arch():
+    fam = Family("fwd", "cf", "f32", "f32", 4)
+    v = Variant.of(fam, threads=64, vec_bytes=16, nvec=1, rows=1, halo="shfl")
+    assert v.why_invalid("sm_90") is None and v.why_invalid("gfx942") is None
+    assert arch_info("gfx942").warp_size == 64 and arch_info("sm_90").warp_size == 32
+    assert arch_info("gfx1100").warp_size == 32 and "gfx90a" in ARCHS
+    with pytest.raises(ValueError, match="arch"):
+        arch_info("tpu_v5")
+
+
+@pytest.mark.parametrize("family", FAMILIES[::7], ids=lambda f: f.key())
+def test_geometry_tiles_cover_whole_blocks(family):
+    for v in variants(family):
+        g = v.geometry()
+        assert g["threads"] in (64, 128, 256)
+        assert g["tile_l"] >= 1 and g["tile_d"] >= 1
+        assert g["align_bytes"] == v.params["vec_bytes"]

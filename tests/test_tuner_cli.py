@@ -1,0 +1,131 @@
+"""cc1d-tune's command line: --arch checks with an injected device probe,
+--compile-only through the real runtime (NVRTC, sm_90), and the db subcommands."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cc1d.generator import default_variant, families
+from cc1d.tuner.cli import main, resolve_arch, UsageError
+from cc1d.tuner.db import TuningDB, default_db_path
+from cc1d.tuner.device import DeviceInfo
+
+H100 = DeviceInfo("sm_90", "NVIDIA H100 80GB HBM3")
+SHAPES = "- {layout: cf, dtypes: bf16/f32, width: 4, batch: 1, dim: 64, seqlen: 256}\n"
+
+
+@pytest.fixture
+def shapes(tmp_path):
+    p = tmp_path / "shapes.yaml"
+    p.write_text(SHAPES)
+    return p
+
+
+def run(argv, capsys, probe=lambda: None):
+    code = main([str(a) for a in argv], probe=probe)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_arch_mismatch_says_what_is_present_and_what_to_do(shapes, capsys):
+    code, _, err = run(["--arch", "gfx942", "--shapes", shapes], capsys, probe=lambda: H100)
+    assert code == 2
+    assert "--arch gfx942: the visible device is NVIDIA H100 80GB HBM3 (sm_90)" in err
+    assert "run cc1d-tune on a gfx942 machine or --arch auto (= sm_90 here)" in err
+    assert "add --compile-only" in err
+
+
+def test_no_gpu_errors(shapes, capsys):
+    code, _, err = run(["--arch", "sm_90", "--shapes", shapes], capsys)
+    assert code == 2 and "--arch sm_90: no GPU is visible here" in err and "--compile-only" in err
+    code, _, err = run(["--shapes", shapes], capsys)
+    assert code == 2 and "--arch auto: no GPU is visible" in err
+
+
+def test_argument_errors(shapes, tmp_path, capsys):
+    assert "expected an NVIDIA target" in run(["--arch", "h100", "--shapes", shapes], capsys)[2]
+    assert "--trials: expected a positive number" in run(["--trials", "0", "--shapes", shapes], capsys)[2]
+    assert "cannot read the shapes file" in run(["--shapes", tmp_path / "none.yaml"], capsys)[2]
+    code, _, err = run(["--ops", "bwd", "--shapes", shapes, "--arch", "sm_90", "--compile-only"], capsys)
+    assert code == 2 and "--ops bwd: no shape" in err
+    with pytest.raises(SystemExit):
+        main(["--workers", "2", "--storage", "x", "--shapes", str(shapes)])
+
+
+def test_resolve_arch():
+    assert resolve_arch("auto", H100, False) == "sm_90"
+    assert resolve_arch("sm_90", H100, False) == "sm_90"
+    assert resolve_arch("gfx942", None, True) == "gfx942"
+    with pytest.raises(UsageError):
+        resolve_arch("sm_80", H100, False)
+
+
+def test_default_db_path(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC1D_CACHE_DIR", str(tmp_path))
+    assert default_db_path() == tmp_path / "tuning.db"
+    monkeypatch.delenv("CC1D_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_db_path() == tmp_path / "cc1d" / "tuning.db"
+
+
+@pytest.fixture
+def nvrtc_rt(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC1D_CACHE_DIR", str(tmp_path / "cache"))
+    try:
+        from cc1d._runtime import runtime
+        rt = runtime()
+        rt.compile('extern "C" __global__ void k(float* p) { p[0] = 1.0f; }\n', "sm_90")
+    except (ImportError, RuntimeError) as exc:
+        pytest.skip(f"runtime/NVRTC not usable here: {str(exc).splitlines()[0]}")
+    return rt
+
+
+def test_compile_only_sm90_through_the_runtime(nvrtc_rt, shapes, tmp_path, capsys):
+    report = tmp_path / "r.json"
+    code, out, err = run(["--arch", "sm_90", "--compile-only", "--trials", "4", "--shapes", shapes,
+                          "--report", report], capsys)
+    assert code == 0, out + err
+    assert "compiled 4 variants of 1 families for sm_90: 4 ok, 0 failed" in out
+    assert json.loads(report.read_text())["failures"] == []
+
+
+def test_compile_only_reports_failures(nvrtc_rt, shapes, capsys, monkeypatch):
+    from cc1d.generator import Variant
+    real = Variant.source.func
+    monkeypatch.setattr(Variant, "source", property(lambda v: real(v) + "\n#error injected\n"))
+    code, out, _ = run(["--arch", "sm_90", "--compile-only", "--trials", "2", "--shapes", shapes], capsys)
+    assert code == 1 and out.count("FAILED fwd.cf.bf16wf32.w4.") == 2 and "2 failed" in out
+
+
+def test_db_subcommands(tmp_path, capsys):
+    v = default_variant(families("fwd", "cf")[0])
+    a = tmp_path / "a.db"
+    with TuningDB(a) as db:
+        db.put_winner(v.source, arch="sm_90", family_key=v.family.key(), shape_key="b1.d64.l8.bias.silu",
+                      op="fwd", batch=1, dim=64, seqlen=8, features="bias,silu", variant_key=v.key(),
+                      config=v.params, **v.geometry(), time_us=3.5, copy_fraction=0.5, speedup=1.0,
+                      environment={})
+    code, out, _ = run(["db", "show", "--db", a], capsys)
+    assert code == 0 and v.key() in out and "1 winners" in out
+    exported = tmp_path / "a.jsonl"
+    assert run(["db", "export", "--db", a, "-o", exported], capsys)[0] == 0
+    b = tmp_path / "b.db"
+    code, out, _ = run(["db", "import", "--db", b, exported], capsys)
+    assert code == 0 and "imported 1 winners" in out
+    code, out, _ = run(["db", "merge", "--db", tmp_path / "c.db", a, b], capsys)
+    assert code == 0 and "merged 1 winners" in out
+    assert run(["db", "validate", "--db", b], capsys)[0] == 0
+    with TuningDB(b) as db:
+        db.conn.execute("UPDATE sources SET source = 'evil'")
+    code, out, _ = run(["db", "validate", "--db", b], capsys)
+    assert code == 1 and "INVALID" in out and "does not match its hash" in out
+    code, _, err = run(["db", "show", "--db", tmp_path / "none.db"], capsys)
+    assert code == 2 and "does not exist" in err
+
+
+def test_python_dash_m_entry_point():
+    proc = subprocess.run([sys.executable, "-m", "cc1d.tuner", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "--compile-only" in proc.stdout

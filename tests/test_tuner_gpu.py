@@ -1,0 +1,47 @@
+"""A real cc1d-tune run on the device: winners stored, no slower than the default
+within the noise, and each winner validates against the float64 reference."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+SHAPES = """\
+shapes:
+  - {layout: cf, dtypes: bf16/f32, width: 4, batch: 2, dim: 1024, seqlen: 2048}
+  - {layout: cl, dtypes: f16, width: 3, batch: 1, dim: 2048, seqlen: 1000, bias: false}
+"""
+
+
+def test_real_tuning_run(tmp_path, monkeypatch):
+    from cc1d._runtime import runtime
+    from cc1d.generator import Variant
+    from cc1d.tuner.db import TuningDB, family_from_key
+    from cc1d.tuner.evaluate import GpuEvaluator
+    from cc1d.tuner.shapes import load_shapes
+
+    monkeypatch.setenv("CC1D_CACHE_DIR", str(tmp_path / "cache"))
+    shapes, db_path, report = tmp_path / "shapes.yaml", tmp_path / "t.db", tmp_path / "r.json"
+    shapes.write_text(SHAPES)
+    proc = subprocess.run([sys.executable, "-m", "cc1d.tuner", "--shapes", str(shapes), "--db", str(db_path),
+                           "--trials", "8", "--report", str(report)], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(json.loads(report.read_text())["results"]) == 2
+    rt = runtime()
+    with TuningDB(db_path) as db:
+        winners = db.winners()
+        assert len(winners) == 2 and db.validate() == []
+        for w, shape in zip(winners, sorted(load_shapes(shapes), key=lambda s: (s.family().key(), s.key()))):
+            assert (w["family_key"], w["shape_key"]) == (shape.family().key(), shape.key())
+            assert w["default_us"] is not None
+            assert w["time_us"] <= w["default_us"] * (1 + w["spread"]) + 1e-9, w
+            assert 0 < w["copy_fraction"] < 1.5
+            v = Variant.of(family_from_key(w["family_key"]), **json.loads(w["config"]))
+            GpuEvaluator(rt, shape, w["arch"]).validate(v)  # raises CandidateError if wrong

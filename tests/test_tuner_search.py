@@ -1,0 +1,216 @@
+"""The search end to end with an injected evaluator (fake compile, validation and
+timings): Optuna, pruning with reasons, tie-breaking, DB writes, budget, resume
+after SIGKILL, and a study shared by two processes through a journal."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cc1d.generator import arch_info, default_variant, variants
+from cc1d.tuner.db import TuningDB
+from cc1d.tuner.search import SearchConfig, _BruteForce, make_sampler, simplicity, tune_shape
+from cc1d.tuner.shapes import parse_shapes
+from cc1d.tuner.testing import FakeEvaluator, fake_time_us
+
+CF, CL = parse_shapes([{"layout": ["cf", "cl"], "batch": 2, "dim": 256, "seqlen": 1024}])
+ARCH = "sm_90"
+
+
+@pytest.fixture
+def db(tmp_path):
+    with TuningDB(tmp_path / "t.db") as d:
+        yield d
+
+
+def statuses(db, shape):
+    return {r["variant_key"]: r for r in db.trials(ARCH, shape.family().key(), shape.key())}
+
+
+def test_default_first_failures_pruned_with_reasons_and_a_winner_stored(db):
+    valid = list(variants(CF.family(), arch_info(ARCH)))
+    fastest = min(valid, key=fake_time_us)
+    ev = FakeEvaluator(compile_fails=lambda v: v.params["threads"] == 64,
+                       launch_fails=lambda v: v.params["halo"] == "reload" and v.params["nvec"] == 4,
+                       wrong=lambda v: v == fastest)  # the fastest is wrong: it must not win
+    res = tune_shape(CF, ARCH, ev, db, SearchConfig(trials=len(valid)))
+    default = default_variant(CF.family())
+    assert ev.compiled[0] == default.key()
+    rows = statuses(db, CF)
+    by_status = {}
+    for r in rows.values():
+        by_status.setdefault(r["status"], []).append(r)
+    assert {"invalid", "compile_error", "launch_error", "wrong_result", "ok"} <= set(by_status)
+    assert all(r["error"] for s, rs in by_status.items() if s != "ok" for r in rs)
+    assert "fewer than 32 threads per channel row" in {r["error"] for r in by_status["invalid"]}
+    assert rows[fastest.key()]["status"] == "wrong_result"
+    # exhaustive: every valid variant tried exactly once, invalid ones never compiled
+    assert sorted(ev.compiled) == sorted(v.key() for v in valid)
+    ok = [r for r in rows.values() if r["status"] == "ok"]
+    best = min(ok, key=lambda r: r["time_us"])
+    assert res.winner.key() == best["variant_key"] != fastest.key()
+    w = db.winner(ARCH, CF.family().key(), CF.key())
+    assert w["variant_key"] == res.winner.key() and w["source_hash"] == res.winner.hash()
+    assert w["speedup"] == pytest.approx(fake_time_us(default) / best["time_us"])
+    assert db.validate() == []
+
+
+def test_sampler_choice_and_trial_cap(db):
+    n_valid = len(list(variants(CL.family(), arch_info(ARCH))))
+    assert isinstance(make_sampler(CL.family(), ARCH, SearchConfig(trials=n_valid)), _BruteForce)
+    assert not isinstance(make_sampler(CL.family(), ARCH, SearchConfig(trials=n_valid - 1)), _BruteForce)
+    ev = FakeEvaluator()
+    res = tune_shape(CL, ARCH, ev, db, SearchConfig(trials=8))
+    assert len(ev.compiled) == len(set(ev.compiled)) == 8
+    assert sum(r["status"] != "invalid" for r in statuses(db, CL).values()) == 8
+    assert res.winner is not None and res.counts.get("ok", 0) + res.counts.get("slow", 0) == 8
+
+
+def test_tpe_is_deterministic_with_its_seed(tmp_path):
+    runs = []
+    for k in range(2):
+        with TuningDB(tmp_path / f"{k}.db") as d:
+            ev = FakeEvaluator()
+            tune_shape(CL, ARCH, ev, d, SearchConfig(trials=12, seed=7))
+            runs.append(ev.compiled)
+    assert runs[0] == runs[1]
+
+
+def test_clearly_slow_candidates_exit_early(db):
+    ev = FakeEvaluator(times=lambda v: 10.0 if v.params["threads"] == 128 else 30.0)
+    tune_shape(CF, ARCH, ev, db, SearchConfig(trials=6))
+    rows = [r for r in statuses(db, CF).values() if r["status"] in ("ok", "slow")]
+    assert any(r["status"] == "slow" for r in rows)
+    assert all(r["status"] == "slow" for r in rows if r["time_us"] == 30.0)
+
+
+@pytest.mark.parametrize("gain, expect_default", [(0.002, True), (0.05, False)])
+def test_near_ties_within_the_spread_go_to_the_default(db, gain, expect_default):
+    default = default_variant(CF.family())
+    rival = default_variant(CF.family(), threads=256)
+    times = lambda v: 10.0 * (1 - gain) if v == rival else 10.0 if v == default else 20.0  # noqa: E731
+    res = tune_shape(CF, ARCH, FakeEvaluator(times=times, spread=0.01), db, SearchConfig(trials=6))
+    assert res.winner == (default if expect_default else rival)
+    assert res.spread == pytest.approx(0.01)
+
+
+def test_ties_among_non_defaults_go_to_the_fewest_changes(db):
+    default = default_variant(CF.family())
+    near = default_variant(CF.family(), threads=256)
+    far = default_variant(CF.family(), threads=256, nvec=4, halo="reload")
+    assert simplicity(near, default) < simplicity(far, default)
+    picks = {near: 5.0, far: 5.0}
+    res = tune_shape(CF, ARCH, FakeEvaluator(times=lambda v: picks.get(v, 10.0)), db,
+                     SearchConfig(trials=200, finalists=5))
+    assert res.winner == near
+
+
+def test_budget_stops_the_search(db):
+    ev = FakeEvaluator(sleep_s=0.05)
+    t0 = time.monotonic()
+    res = tune_shape(CF, ARCH, ev, db, SearchConfig(trials=200, budget_s=0.3))
+    assert time.monotonic() - t0 < 5
+    assert 1 <= len(ev.compiled) < 20 and res.winner is not None
+
+
+def test_no_valid_candidate_gives_no_winner(db):
+    res = tune_shape(CF, ARCH, FakeEvaluator(wrong=lambda v: True), db, SearchConfig(trials=5))
+    assert res.winner is None and "no candidate passed validation" in res.note
+    assert db.winners() == []
+
+
+def test_resume_reuses_trials_and_winners(db):
+    ev = FakeEvaluator()
+    tune_shape(CF, ARCH, ev, db, SearchConfig(trials=5))
+    ev2 = FakeEvaluator()
+    res = tune_shape(CF, ARCH, ev2, db, SearchConfig(trials=5, resume=True))
+    assert res.resumed and ev2.compiled == [] and ev2.timed == []
+    # a partial run (no winner yet): resume measures only what is missing
+    db.conn.execute("DELETE FROM winners")
+    ev3 = FakeEvaluator()
+    res = tune_shape(CF, ARCH, ev3, db, SearchConfig(trials=8, resume=True))
+    assert len(ev3.compiled) == 3 and not set(ev3.compiled) & set(ev.compiled)
+    assert res.winner is not None and not res.resumed
+
+
+RUN = r"""
+import sys
+from cc1d.tuner.db import TuningDB
+from cc1d.tuner.search import SearchConfig, tune_shape
+from cc1d.tuner.shapes import parse_shapes
+from cc1d.tuner.testing import FakeEvaluator
+db_path, storage = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else None)
+kw = {}
+if storage:
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    kw["storage"] = JournalStorage(JournalFileBackend(storage))
+shapes = parse_shapes([{"layout": ["cf", "cl"], "batch": 2, "dim": 256, "seqlen": 1024}])
+with TuningDB(db_path) as db:
+    for s in shapes:
+        tune_shape(s, "sm_90", FakeEvaluator(sleep_s=0.02), db,
+                   SearchConfig(trials=12, resume=True, finalize=storage is None), **kw)
+"""
+
+
+def _trial_count(path):
+    try:
+        with TuningDB(path) as d:
+            return d.conn.execute("SELECT count(*) FROM trials").fetchone()[0]
+    except Exception:  # noqa: BLE001 - not created yet
+        return 0
+
+
+def test_resume_after_sigkill_loses_nothing(tmp_path):
+    path = tmp_path / "t.db"
+    seen = 0
+    for _ in range(3):  # kill mid-search, each time after a few more trials are stored
+        proc = subprocess.Popen([sys.executable, "-c", RUN, str(path)], stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while _trial_count(path) < seen + 3 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert proc.returncode in (-9, 0), proc.stderr.read().decode()
+        now = _trial_count(path)
+        assert now >= seen
+        seen = now
+    proc = subprocess.run([sys.executable, "-c", RUN, str(path)], capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    with TuningDB(path) as d:
+        assert d.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert len(d.winners()) == 2 and d.validate() == []
+        for s in (CF, CL):
+            rows = d.trials(ARCH, s.family().key(), s.key())
+            keys = [r["variant_key"] for r in rows]
+            assert len(keys) == len(set(keys)), "a stored trial was measured again"
+            assert sum(r["status"] != "invalid" for r in rows) == 12
+
+
+def test_two_processes_share_one_study_through_a_journal(tmp_path):
+    path, journal = tmp_path / "t.db", tmp_path / "study.journal"
+    procs = [subprocess.Popen([sys.executable, "-c", RUN, str(path), str(journal)], stderr=subprocess.PIPE)
+             for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode()
+    with TuningDB(path) as d:
+        assert d.winners() == []  # workers only run trials
+        for s in (CF, CL):
+            rows = [r for r in d.trials(ARCH, s.family().key(), s.key()) if r["status"] != "invalid"]
+            # the cap is shared; candidates already compiling ahead when it is reached still finish
+            assert 12 <= len({r["variant_key"] for r in rows}) <= 12 + 2 * 3
+            assert len({r["run_id"] for r in rows}) == 2  # both workers took part
+    # the parent finalizes from the shared study
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    storage = JournalStorage(JournalFileBackend(str(journal)))
+    with TuningDB(path) as d:
+        ev = FakeEvaluator()
+        res = tune_shape(CF, ARCH, ev, d, SearchConfig(trials=12, resume=True), storage=storage)
+        assert res.winner is not None and ev.compiled == []
+        assert d.winner(ARCH, CF.family().key(), CF.key())["variant_key"] == res.winner.key()

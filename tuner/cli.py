@@ -1,0 +1,299 @@
+"""``cc1d-tune``: tune shapes on the local GPU into the tuning DB, compile-check a
+target without a GPU, and inspect / ship / merge / validate tuning DBs."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..generator import arch_info, variants
+from .db import DBError, TuningDB, default_db_path
+from .device import DeviceInfo, environment, probe_device
+from .shapes import Shape, ShapesError, load_shapes
+
+log = logging.getLogger("cc1d")
+DEFAULT_TRIALS = 64
+
+
+class UsageError(Exception):
+    """A user error: printed as one message, exit status 2."""
+
+
+def tune_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cc1d-tune", description="Search per-shape kernel configs on the local GPU and store the "
+        "winners in the cc1d tuning DB. Also: cc1d-tune db show|export|import|merge|validate.")
+    p.add_argument("--arch", default="auto", help="target (sm_90, gfx942, ...) or 'auto' = the visible "
+                   "device's (default); must match the device unless --compile-only")
+    p.add_argument("--shapes", required=True, help="shapes.yaml (see examples/shapes.yaml)")
+    p.add_argument("--db", help=f"tuning DB to write (default: {default_db_path()})")
+    p.add_argument("--ops", default=None, help="comma-separated ops to tune (default: all in the file)")
+    p.add_argument("--trials", type=int, default=None,
+                   help=f"candidates per shape (default {DEFAULT_TRIALS}; --compile-only: all)")
+    p.add_argument("--budget-s", type=float, default=None, help="wall-clock seconds per shape")
+    p.add_argument("--resume", action="store_true", help="keep stored winners and trials, continue the rest")
+    dist = p.add_mutually_exclusive_group()
+    dist.add_argument("--workers", type=int, default=1, help="processes, one per local GPU, on one study")
+    dist.add_argument("--storage", help="Optuna storage shared by several hosts: a journal file path "
+                      "(journal:PATH, on a shared file system) or an RDB URL")
+    p.add_argument("--compile-only", action="store_true",
+                   help="only compile every candidate for --arch (no GPU needed) and report failures")
+    p.add_argument("--report", help="write a JSON report of the results here")
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a --workers child
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def db_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cc1d-tune db", description="Inspect and ship tuning DBs.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name, doc in (("show", "list the winners"), ("export", "write sorted JSON lines"),
+                      ("import", "load JSON lines"), ("merge", "take winners (where faster) and trials "
+                                                      "from other DBs"),
+                      ("validate", "check every winner: source hash, epoch, re-rendered source")):
+        s = sub.add_parser(name, help=doc)
+        s.add_argument("--db", default=None, help=f"tuning DB (default: {default_db_path()})")
+        if name == "show":
+            s.add_argument("--arch")
+        if name == "export":
+            s.add_argument("-o", "--output", help="file (default: stdout)")
+            s.add_argument("--with-trials", action="store_true")
+        if name in ("import", "merge"):
+            s.add_argument("inputs", nargs="+", help="exported .jsonl files" if name == "import" else "DB files")
+    return p
+
+
+# ---- shared helpers ---------------------------------------------------------------
+
+def _shapes(args: argparse.Namespace) -> list[Shape]:
+    shapes = load_shapes(args.shapes)
+    if args.ops:
+        ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+        shapes = [s for s in shapes if s.op in ops]
+        if not shapes:
+            raise UsageError(f"--ops {args.ops}: no shape in {args.shapes} has one of these ops")
+    return shapes
+
+
+def resolve_arch(arch: str, device: DeviceInfo | None, compile_only: bool) -> str:
+    """The target to tune for; a clear error when it is not the device's."""
+    if arch == "auto":
+        if device is None:
+            raise UsageError("--arch auto: no GPU is visible (torch with CUDA/ROCm and a device are needed "
+                             "to tune). Run on the GPU machine, or pass --arch TARGET --compile-only to "
+                             "only check that every candidate compiles for TARGET.")
+        return device.target
+    arch_info(arch)  # a name check: raises ValueError naming the expected forms
+    if compile_only or (device is not None and device.target == arch):
+        return arch
+    present = f"the visible device is {device.describe()}" if device else "no GPU is visible here"
+    hint = f" or --arch auto (= {device.target} here)" if device else ""
+    raise UsageError(f"--arch {arch}: {present}. Tuning must run on the target GPU: run cc1d-tune on a "
+                     f"{arch} machine{hint}; to only check that every candidate compiles for {arch}, "
+                     f"add --compile-only.")
+
+
+def _runtime() -> Any:
+    from .._runtime import runtime
+    return runtime()
+
+
+# ---- --compile-only ---------------------------------------------------------------
+
+def compile_only(args: argparse.Namespace, shapes: list[Shape], arch: str, rt: Any) -> int:
+    from .evaluate import CandidateError, compile_variant
+    families = list(dict.fromkeys(s.family() for s in shapes))
+    todo = []
+    for fam in families:
+        vs = list(variants(fam, arch_info(arch)))
+        todo += vs[: args.trials] if args.trials else vs
+    failures: list[tuple[str, str]] = []
+
+    def one(v: Any) -> None:
+        try:
+            compile_variant(rt, v, arch)
+        except CandidateError as exc:
+            failures.append((v.key(), exc.reason))
+
+    from tqdm import tqdm
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        list(tqdm(pool.map(one, todo), total=len(todo), desc=f"compile {arch}", unit="variant",
+                  disable=None))
+    for key, reason in sorted(failures):
+        first = next((ln for ln in reason.splitlines() if "error" in ln.lower()), reason.splitlines()[0])
+        print(f"FAILED {key}: {first.strip()}")
+    print(f"compiled {len(todo)} variants of {len(families)} families for {arch}: "
+          f"{len(todo) - len(failures)} ok, {len(failures)} failed")
+    if args.report:
+        Path(args.report).write_text(json.dumps(dict(arch=arch, compiled=len(todo), failures=[
+            dict(variant=k, log=r) for k, r in sorted(failures)]), indent=2) + "\n")
+    return 1 if failures else 0
+
+
+# ---- tuning -----------------------------------------------------------------------
+
+def _storage(url: str | None) -> Any:
+    if url is None:
+        return None
+    if url.startswith("journal:") or "://" not in url:
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+        return JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
+    return url
+
+
+def _spawn_workers(args: argparse.Namespace, argv: Sequence[str], n: int, db_path: Path) -> str:
+    """One child per local GPU on a shared journal; returns the storage URL the parent finalizes with."""
+    journal = db_path.with_name(db_path.name + f".{uuid.uuid4().hex[:8]}.journal")
+    storage = f"journal:{journal}"
+    rest = [a for a in argv]
+    i = 0
+    cleaned: list[str] = []
+    while i < len(rest):  # drop --workers N / --workers=N
+        if rest[i] == "--workers":
+            i += 2
+            continue
+        if not rest[i].startswith("--workers="):
+            cleaned.append(rest[i])
+        i += 1
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(k) for k in range(n)]
+    procs = []
+    for k in range(n):
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=ids[k % len(ids)], HIP_VISIBLE_DEVICES=ids[k % len(ids)])
+        cmd = [sys.executable, "-m", "cc1d.tuner", *cleaned, "--storage", storage, "--worker",
+               "--db", str(db_path), "--seed", str(args.seed + k)]
+        procs.append(subprocess.Popen(cmd, env=env))
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        log.warning("cc1d-tune: worker exit codes %s", codes)
+    return storage
+
+
+def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], DeviceInfo | None]) -> int:
+    shapes = _shapes(args)
+    device = probe()
+    arch = resolve_arch(args.arch, device, args.compile_only)
+    rt = _runtime()
+    if args.compile_only:
+        return compile_only(args, shapes, arch, rt)
+    db_path = Path(args.db) if args.db else default_db_path()
+    from .evaluate import GpuEvaluator
+    from .measure import copy_bandwidth
+    from .report import table, write_report
+    from .search import SearchConfig, tune_shape
+    from tqdm import tqdm
+
+    if args.workers > 1 and not args.worker:
+        args.storage = _spawn_workers(args, argv, args.workers, db_path)
+        args.resume = True  # the parent picks up what the workers measured and finalizes
+    cfg = SearchConfig(trials=args.trials or DEFAULT_TRIALS, budget_s=args.budget_s, seed=args.seed,
+                       resume=args.resume, finalize=not args.worker)
+    storage = _storage(args.storage)
+    env = environment(device, rt, arch)
+    copy_bw = copy_bandwidth()
+    env["copy_gbps"] = round(copy_bw / 1e9, 1)
+    run_id = uuid.uuid4().hex[:12]
+    results = []
+    with TuningDB(db_path) as db:
+        bar = tqdm(shapes, desc="shapes", unit="shape", disable=None)
+        for shape in bar:
+            bar.set_postfix_str(shape.describe())
+            tbar = tqdm(total=cfg.trials, desc="trials", unit="trial", leave=False, disable=None)
+
+            def on_trial(o: Any, tbar: Any = tbar) -> None:
+                if o.status != "invalid":
+                    tbar.update(1)
+
+            evaluator = GpuEvaluator(rt, shape, arch)
+            results.append(tune_shape(shape, arch, evaluator, db, cfg, storage=storage, copy_bw=copy_bw,
+                                      environment=env, run_id=run_id, on_trial=on_trial))
+            tbar.close()
+            del evaluator
+    if args.worker:
+        return 0
+    print(table(results))
+    print(f"copy ceiling: {copy_bw / 1e9:.0f} GB/s on {env.get('device', arch)}; DB: {db_path}")
+    if args.report:
+        write_report(args.report, results, arch=arch, environment=env, db=str(db_path))
+    return 0 if all(r.winner for r in results) else 1
+
+
+# ---- db subcommands -----------------------------------------------------------------
+
+def db_main(argv: Sequence[str]) -> int:
+    args = db_parser().parse_args(argv)
+    path = Path(args.db) if args.db else default_db_path()
+    with TuningDB(path, create=args.cmd in ("import", "merge")) as db:
+        if args.cmd == "show":
+            rows = db.winners(args.arch)
+            for w in rows:
+                print(f"{w['arch']:8} {w['family_key']:22} {w['shape_key']:28} {w['variant_key']:48} "
+                      f"{w['time_us']:9.2f} us  " + (f"{100 * w['copy_fraction']:5.1f}% copy  "
+                                                      if w["copy_fraction"] else "")
+                      + (f"{w['speedup']:.3f}x" if w["speedup"] else ""))
+            print(f"{len(rows)} winners in {path}")
+        elif args.cmd == "export":
+            text = "".join(line + "\n" for line in db.export_lines(with_trials=args.with_trials))
+            if args.output:
+                Path(args.output).write_text(text)
+            else:
+                sys.stdout.write(text)
+        elif args.cmd == "import":
+            n = 0
+            for f in args.inputs:
+                with open(f) as fh:
+                    n += db.import_lines(fh)
+            print(f"imported {n} winners into {path}")
+        elif args.cmd == "merge":
+            n = 0
+            for f in args.inputs:
+                with TuningDB(f, create=False) as other:
+                    n += db.merge_from(other)
+            print(f"merged {n} winners into {path}")
+        elif args.cmd == "validate":
+            problems = db.validate()
+            for p in problems:
+                print(f"INVALID {p}")
+            print(f"{len(db.winners())} winners checked in {path}: {len(problems)} problems")
+            return 1 if problems else 0
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, *,
+         probe: Callable[[], DeviceInfo | None] = probe_device) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO if "-v" in argv or "--verbose" in argv else logging.WARNING,
+                        format="%(message)s")
+    try:
+        if argv[:1] == ["db"]:
+            return db_main(argv[1:])
+        args = tune_parser().parse_args(argv)
+        if args.trials is not None and args.trials < 1:
+            raise UsageError(f"--trials: expected a positive number, got {args.trials}")
+        if args.workers < 1:
+            raise UsageError(f"--workers: expected a positive number, got {args.workers}")
+        return tune(args, argv, probe)
+    except (UsageError, ShapesError, DBError, ValueError) as exc:
+        print(f"cc1d-tune: error: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        print(f"cc1d-tune: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("cc1d-tune: interrupted; what was measured is in the DB (continue with --resume)",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""The SQLite tuning DB: schema checks, one transaction per trial and per winner,
+export/import as sorted JSON lines, merge, and validation of every entry.
+
+Several tuner processes may write one DB at once (WAL mode, busy timeout); a
+winner and its source are written in one transaction, so a killed tuner never
+leaves a half-written winner.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from ..generator import EPOCH, Family, Variant, arch_info
+
+log = logging.getLogger("cc1d")
+
+SCHEMA_VERSION = 1
+SCHEMA_FILE = Path(__file__).resolve().parent.parent / "tuning_db" / "schema.sql"
+BUSY_TIMEOUT_MS = 60_000
+TRIAL_STATUSES = ("ok", "slow", "invalid", "compile_error", "launch_error", "wrong_result", "error")
+WINNER_COLUMNS = ("arch", "family_key", "shape_key", "op", "batch", "dim", "seqlen", "features",
+                  "variant_key", "config", "source_hash", "threads", "tile_l", "tile_d", "smem_bytes",
+                  "align_bytes", "epoch", "time_us", "default_us", "copy_fraction", "spread", "speedup",
+                  "environment", "created_at")
+TRIAL_COLUMNS = ("run_id", "arch", "family_key", "shape_key", "variant_key", "config", "status",
+                 "time_us", "spread", "error", "epoch", "created_at")
+
+
+class DBError(RuntimeError):
+    """The DB cannot be used as asked; the message says why and what to do."""
+
+
+def default_db_path() -> Path:
+    """The user's DB, which the runtime reads: $CC1D_CACHE_DIR | $XDG_CACHE_HOME/cc1d | ~/.cache/cc1d."""
+    if os.environ.get("CC1D_CACHE_DIR"):
+        base = Path(os.environ["CC1D_CACHE_DIR"])
+    elif os.environ.get("XDG_CACHE_HOME"):
+        base = Path(os.environ["XDG_CACHE_HOME"]) / "cc1d"
+    else:
+        base = Path.home() / ".cache" / "cc1d"
+    return base / "tuning.db"
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def family_from_key(key: str) -> Family:
+    """Inverse of Family.key(): ``fwd.cf.bf16wf32.w4`` -> Family."""
+    try:
+        op, layout, dtypes, width = key.split(".")
+        x, w = dtypes.split("w", 1)
+        return Family(op, layout, x, w, int(width.removeprefix("w")))
+    except ValueError as exc:
+        raise ValueError(f"family key: expected like 'fwd.cf.bf16wf32.w4', got {key!r} ({exc})") from None
+
+
+class TuningDB:
+    """One open tuning DB. ``TuningDB(path)`` creates it if missing."""
+
+    def __init__(self, path: str | Path, *, create: bool = True) -> None:
+        self.path = Path(path)
+        if not self.path.exists() and not create:
+            raise DBError(f"tuning DB {self.path} does not exist")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a writer takes the
+        # write lock up front and waits (busy_timeout) instead of failing on upgrade.
+        self.conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_MS / 1000,
+                                    isolation_level=None)
+        self.conn.row_factory = sqlite3.Row
+        try:
+            self._check_and_init()
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "TuningDB":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- schema ---------------------------------------------------------------
+
+    def _check_and_init(self) -> None:
+        try:
+            self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            # WAL + NORMAL: a killed process loses nothing committed; a power cut may drop the last commits
+            self.conn.execute("PRAGMA synchronous = NORMAL")
+            ok = self.conn.execute("PRAGMA integrity_check").fetchone()[0]
+        except sqlite3.DatabaseError as exc:
+            raise DBError(f"tuning DB {self.path} is not a readable SQLite DB ({exc}); "
+                          f"move it aside or pass another --db") from None
+        if ok != "ok":
+            raise DBError(f"tuning DB {self.path} fails PRAGMA integrity_check ({ok}); refusing to "
+                          f"write to it: restore it from an export, or move it aside")
+        if self.conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            self.conn.execute("PRAGMA journal_mode = WAL")
+        with self.transaction():
+            for stmt in _schema_statements():  # not executescript: it would COMMIT early
+                self.conn.execute(stmt)
+            meta = self.meta()
+            version = int(meta.get("schema_version", SCHEMA_VERSION))
+            if version > SCHEMA_VERSION:
+                raise DBError(f"tuning DB {self.path} has schema version {version}, newer than this "
+                              f"cc1d's {SCHEMA_VERSION}: upgrade cc1d, or pass another --db")
+            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
+                              (str(SCHEMA_VERSION),))
+            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('generator_epoch', ?)", (str(EPOCH),))
+
+    def meta(self) -> dict[str, str]:
+        return {r["key"]: r["value"] for r in self.conn.execute("SELECT key, value FROM meta")}
+
+    def transaction(self) -> "_Transaction":
+        return _Transaction(self.conn)
+
+    # ---- writes ---------------------------------------------------------------
+
+    def add_trial(self, **row: Any) -> None:
+        row = {"created_at": now(), "epoch": EPOCH, "time_us": None, "spread": None, "error": None, **row}
+        if row["status"] not in TRIAL_STATUSES:
+            raise ValueError(f"status: expected one of {TRIAL_STATUSES}, got {row['status']!r}")
+        if not isinstance(row["config"], str):
+            row["config"] = json.dumps(row["config"], sort_keys=True)
+        with self.transaction():
+            self.conn.execute(f"INSERT INTO trials ({', '.join(TRIAL_COLUMNS)}) VALUES "
+                              f"({', '.join('?' * len(TRIAL_COLUMNS))})", [row[c] for c in TRIAL_COLUMNS])
+
+    def put_winner(self, source: str, **row: Any) -> None:
+        """Store (replace) one winner and its source, atomically."""
+        row = {"created_at": now(), "epoch": EPOCH, "default_us": None, "copy_fraction": None,
+               "spread": None, "speedup": None, **row}
+        for k in ("config", "environment"):
+            if not isinstance(row[k], str):
+                row[k] = json.dumps(row[k], sort_keys=True)
+        row["source_hash"] = row.get("source_hash") or sha256(source)
+        if sha256(source) != row["source_hash"]:
+            raise ValueError(f"winner {row['variant_key']}: source does not match its hash")
+        with self.transaction():
+            self.conn.execute("INSERT OR IGNORE INTO sources VALUES (?, ?)", (row["source_hash"], source))
+            self.conn.execute(f"INSERT OR REPLACE INTO winners ({', '.join(WINNER_COLUMNS)}) VALUES "
+                              f"({', '.join('?' * len(WINNER_COLUMNS))})", [row[c] for c in WINNER_COLUMNS])
+
+    # ---- reads ----------------------------------------------------------------
+
+    def winners(self, arch: str | None = None) -> list[dict]:
+        q, args = "SELECT * FROM winners", ()
+        if arch:
+            q, args = q + " WHERE arch = ?", (arch,)
+        return [dict(r) for r in self.conn.execute(q + " ORDER BY arch, family_key, shape_key", args)]
+
+    def winner(self, arch: str, family_key: str, shape_key: str) -> dict | None:
+        r = self.conn.execute("SELECT * FROM winners WHERE arch = ? AND family_key = ? AND shape_key = ?",
+                              (arch, family_key, shape_key)).fetchone()
+        return dict(r) if r else None
+
+    def trials(self, arch: str, family_key: str, shape_key: str) -> list[dict]:
+        """Every stored trial of one problem, oldest first."""
+        return [dict(r) for r in self.conn.execute(
+            "SELECT * FROM trials WHERE arch = ? AND family_key = ? AND shape_key = ? ORDER BY id",
+            (arch, family_key, shape_key))]
+
+    def source(self, source_hash: str) -> str | None:
+        r = self.conn.execute("SELECT source FROM sources WHERE hash = ?", (source_hash,)).fetchone()
+        return r[0] if r else None
+
+    # ---- text form, merge, validation ----------------------------------------
+
+    def export_lines(self, with_trials: bool = False) -> Iterator[str]:
+        """Sorted JSON lines: meta, then winners, their sources, and optionally trials."""
+        dump = lambda d: json.dumps(d, sort_keys=True, separators=(",", ":"))  # noqa: E731
+        for k, v in sorted(self.meta().items()):
+            yield dump({"kind": "meta", "key": k, "value": v})
+        hashes = set()
+        for w in self.winners():
+            hashes.add(w["source_hash"])
+            yield dump({"kind": "winner", **w})
+        for h in sorted(hashes):
+            yield dump({"kind": "source", "hash": h, "source": self.source(h)})
+        if with_trials:
+            rows = self.conn.execute("SELECT * FROM trials ORDER BY arch, family_key, shape_key, "
+                                     "variant_key, created_at, id")
+            for r in rows:
+                yield dump({"kind": "trial", **{k: r[k] for k in TRIAL_COLUMNS}})
+
+    def import_lines(self, lines: Iterable[str], *, keep_faster: bool = False) -> int:
+        """Load exported lines; returns how many winners were stored."""
+        sources: dict[str, str] = {}
+        winners: list[dict] = []
+        trials: list[dict] = []
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+                kind = item.pop("kind")
+            except (ValueError, KeyError):
+                raise DBError(f"import line {n}: expected a JSON object with a 'kind', got {line[:80]!r}")
+            if kind == "source":
+                sources[item["hash"]] = item["source"]
+            elif kind == "winner":
+                winners.append(item)
+            elif kind == "trial":
+                trials.append(item)
+            elif kind == "meta":
+                if item["key"] == "schema_version" and int(item["value"]) > SCHEMA_VERSION:
+                    raise DBError(f"import: schema version {item['value']} is newer than this cc1d's "
+                                  f"{SCHEMA_VERSION}")
+            else:
+                raise DBError(f"import line {n}: unknown kind {kind!r}")
+        for t in trials:
+            self.add_trial(**t)
+        stored = 0
+        for w in winners:
+            src = sources.get(w["source_hash"])
+            if src is None:
+                raise DBError(f"import: winner {w['variant_key']} has no source line (hash {w['source_hash']})")
+            old = self.winner(w["arch"], w["family_key"], w["shape_key"])
+            if keep_faster and old is not None and old["time_us"] <= w["time_us"]:
+                continue
+            self.put_winner(src, **w)
+            stored += 1
+        return stored
+
+    def merge_from(self, other: "TuningDB") -> int:
+        """Take the other DB's trials and its winners where faster (or absent here)."""
+        return self.import_lines(other.export_lines(with_trials=True), keep_faster=True)
+
+    def validate(self) -> list[str]:
+        """Every problem with the stored winners (empty when all is well)."""
+        problems = []
+        for w in self.winners():
+            name = f"{w['arch']} {w['family_key']} {w['shape_key']}"
+            src = self.source(w["source_hash"])
+            if src is None:
+                problems.append(f"{name}: source {w['source_hash'][:12]} missing")
+                continue
+            if sha256(src) != w["source_hash"]:
+                problems.append(f"{name}: source does not match its hash {w['source_hash'][:12]}")
+            if w["epoch"] != EPOCH:
+                problems.append(f"{name}: generator epoch {w['epoch']}, this cc1d is at {EPOCH} "
+                                f"(the runtime ignores it; re-tune)")
+                continue
+            try:
+                v = Variant.of(family_from_key(w["family_key"]), **json.loads(w["config"]))
+            except (ValueError, KeyError) as exc:
+                problems.append(f"{name}: config does not fit the generator's space: {exc}")
+                continue
+            if v.key() != w["variant_key"]:
+                problems.append(f"{name}: variant key {w['variant_key']} != re-derived {v.key()}")
+            if v.source != src:
+                problems.append(f"{name}: re-rendering {v.key()} gives a different source than stored")
+            geo = v.geometry()
+            bad = [k for k in geo if w.get(k) != geo[k]]
+            if bad:
+                problems.append(f"{name}: stored geometry {bad} differs from the generator's")
+            reason = v.why_invalid(arch_info(w["arch"]))
+            if reason:
+                problems.append(f"{name}: {v.key()} is invalid for {w['arch']}: {reason}")
+        return problems
+
+
+def _schema_statements() -> list[str]:
+    text = "\n".join(line.split("--", 1)[0] for line in SCHEMA_FILE.read_text().splitlines())
+    return [s.strip() for s in text.split(";") if s.strip()]
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error; nested uses join the outer one."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.outer = False
+
+    def __enter__(self) -> sqlite3.Connection:
+        if not self.conn.in_transaction:
+            self.conn.execute("BEGIN IMMEDIATE")
+            self.outer = True
+        return self.conn
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if not self.outer:
+            return
+        self.conn.execute("ROLLBACK" if exc_type else "COMMIT")

@@ -1,0 +1,87 @@
+"""Running candidates: compile, validate and time one variant of one shape.
+
+`Evaluator` is the seam between the search and the device: the real one
+(`GpuEvaluator`) goes through the same runtime path production calls use;
+tests inject fakes. A failed candidate raises `CandidateError(status, reason)`,
+which the search records as a value, never letting it end the run.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from ..generator import Variant
+from .measure import CudaTimer, MeasureConfig, Timing
+from .problems import problem_for
+from .shapes import Shape
+from .validate import validate
+
+
+class CandidateError(Exception):
+    def __init__(self, status: str, reason: str) -> None:
+        super().__init__(f"{status}: {reason}")
+        self.status, self.reason = status, reason
+
+
+class Evaluator(Protocol):
+    bytes_moved: int
+
+    def compile(self, variant: Variant) -> None:
+        """Compile (thread-safe: runs on a worker thread ahead of timing); CandidateError on failure."""
+
+    def validate(self, variant: Variant) -> None:
+        """Check against the reference on fresh data; CandidateError on failure."""
+
+    def time(self, variant: Variant, best_us: float | None) -> Timing:
+        """Time it (early exit allowed when clearly slower than best_us)."""
+
+
+def compile_variant(rt: Any, variant: Variant, target: str) -> None:
+    try:
+        rt.compile(variant.source, target)
+    except RuntimeError as exc:
+        raise CandidateError("compile_error", str(exc)) from None
+
+
+class GpuEvaluator:
+    """The real thing: the runtime compiles and launches, torch supplies data and events."""
+
+    def __init__(self, rt: Any, shape: Shape, target: str, cfg: MeasureConfig = MeasureConfig()) -> None:
+        self.rt, self.shape, self.target = rt, shape, target
+        self.problem = problem_for(shape.op)
+        self.bytes_moved = self.problem.bytes_moved(shape)
+        self.timer = CudaTimer(self.problem, shape, cfg)
+        self._kernels: dict[Variant, dict] = {}
+        self._seed = 0
+
+    def _kernel(self, variant: Variant) -> dict:
+        # built once: the key/hash/source dict is what launch_fwd takes
+        if variant not in self._kernels:
+            self._kernels[variant] = variant.as_runtime_dict()
+        return self._kernels[variant]
+
+    def _launcher(self, variant: Variant):
+        import torch
+        kernel = self._kernel(variant)
+
+        def launch(inputs: dict, outputs: dict, stream: int | None = None) -> None:
+            s = torch.cuda.current_stream().cuda_stream if stream is None else stream
+            try:
+                self.problem.launch(self.rt, kernel, self.shape, inputs, outputs, s)
+            except (ValueError, RuntimeError) as exc:
+                raise CandidateError("launch_error", str(exc)) from None
+        return launch
+
+    def compile(self, variant: Variant) -> None:
+        compile_variant(self.rt, variant, self.target)
+
+    def validate(self, variant: Variant) -> None:
+        self._seed += 1  # fresh random data for every candidate
+        try:
+            reason = validate(self.problem, self.shape, self._launcher(variant), seed=self._seed)
+        except RuntimeError as exc:  # an asynchronous launch failure surfaces at the sync
+            raise CandidateError("launch_error", str(exc)) from None
+        if reason:
+            raise CandidateError("wrong_result", reason)
+
+    def time(self, variant: Variant, best_us: float | None) -> Timing:
+        return self.timer.time(self._launcher(variant), best_us)

@@ -1,0 +1,115 @@
+"""Sound kernel timing: device events per launch, warm-up, inputs rotated over
+enough buffers that the working set exceeds L2, median of staged repetitions
+with an early exit for clearly slow candidates, and the copy-bandwidth ceiling.
+
+The staging logic (`staged_timing`) is pure and driven by a `sample` callable,
+so tests exercise it without a GPU; `CudaTimer` supplies real samples.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_us: float
+    spread: float          # relative noise: (p80 - p20) / median
+    samples: int
+    early_exit: bool = False
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    warmup: int = 10
+    stages: tuple[int, ...] = (10, 50, 200)   # cumulative samples after each stage
+    slow_factor: float = 1.25                 # after a stage, give up if median > best * this
+    working_set_bytes: int = 256 << 20        # rotate inputs over at least this many bytes
+    max_buffers: int = 64
+
+
+def summarize(samples: Sequence[float]) -> tuple[float, float]:
+    """(median, relative spread between the 20th and 80th percentiles)."""
+    s = sorted(samples)
+    med = statistics.median(s)
+    if len(s) < 5:
+        return med, (s[-1] - s[0]) / med if med > 0 else 0.0
+    q = statistics.quantiles(s, n=5)  # 20/40/60/80th percentiles
+    return med, (q[3] - q[0]) / med if med > 0 else 0.0
+
+
+def staged_timing(sample: Callable[[int], list[float]], best_us: float | None,
+                  cfg: MeasureConfig = MeasureConfig()) -> Timing:
+    """Take samples in stages; stop early once the candidate is clearly slower than the best."""
+    samples: list[float] = []
+    for i, target in enumerate(cfg.stages):
+        samples += sample(target - len(samples))
+        med, spread = summarize(samples)
+        last = i == len(cfg.stages) - 1
+        if not last and best_us is not None and med > best_us * cfg.slow_factor * (1 + spread):
+            return Timing(med, spread, len(samples), early_exit=True)
+    med, spread = summarize(samples)
+    return Timing(med, spread, len(samples))
+
+
+def buffer_count(bytes_per_set: int, cfg: MeasureConfig = MeasureConfig()) -> int:
+    """Input sets to rotate over so that they exceed the working-set target (1 for huge shapes)."""
+    return max(1, min(cfg.max_buffers, -(-cfg.working_set_bytes // max(bytes_per_set, 1))))
+
+
+class CudaTimer:
+    """Times launches of one problem shape on the current CUDA device with torch events."""
+
+    def __init__(self, problem: Any, shape: Any, cfg: MeasureConfig = MeasureConfig(),
+                 device: str = "cuda") -> None:
+        import torch
+        self.torch, self.problem, self.shape, self.cfg = torch, problem, shape, cfg
+        n = buffer_count(problem.bytes_moved(shape), cfg)
+        self.sets = []
+        for i in range(n):
+            inputs = problem.make_inputs(shape, seed=1000 + i, device=device)
+            self.sets.append((inputs, problem.make_outputs(shape, inputs)))
+        self.next = 0
+
+    def time(self, launch: Callable[[dict, dict, int], None], best_us: float | None) -> Timing:
+        """`launch(inputs, outputs, stream)` must enqueue exactly one kernel."""
+        torch = self.torch
+        stream = torch.cuda.current_stream()
+
+        def run() -> None:
+            inputs, outputs = self.sets[self.next % len(self.sets)]
+            self.next += 1
+            launch(inputs, outputs, stream.cuda_stream)
+
+        def sample(n: int) -> list[float]:
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(n)]
+            for start, end in events:
+                start.record(stream)
+                run()
+                end.record(stream)
+            stream.synchronize()
+            return [start.elapsed_time(end) * 1000.0 for start, end in events]
+
+        for _ in range(self.cfg.warmup):
+            run()
+        return staged_timing(sample, best_us, self.cfg)
+
+
+def copy_bandwidth(nbytes: int = 256 << 20, reps: int = 30, device: str = "cuda") -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write), the ceiling kernels are judged by."""
+    import torch
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1000.0)
+    return 2 * nbytes / statistics.median(times)

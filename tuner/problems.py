@@ -1,0 +1,122 @@
+"""Per-op problem adapters: how to make inputs, the float64 reference, the bytes
+a kernel must move, and how to launch one variant through the runtime.
+
+The search, validation and timing are op-generic; adding an op (bwd, update,
+varlen) means adding one adapter to PROBLEMS. torch is imported lazily: only
+the GPU path needs it.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from ..generator import DTYPES
+from .shapes import Shape
+
+DTYPE_CODES = {"f32": 0, "f16": 1, "bf16": 2}
+
+
+class Problem(Protocol):
+    op: str
+
+    def bytes_moved(self, shape: Shape) -> int:
+        """The physical minimum of bytes read + written (the bandwidth yardstick)."""
+
+    def make_inputs(self, shape: Shape, seed: int, device: str) -> dict[str, Any]:
+        """Fresh random inputs in the shape's layout."""
+
+    def make_outputs(self, shape: Shape, inputs: dict[str, Any]) -> dict[str, Any]:
+        """NaN-filled output buffers: any element a kernel leaves unwritten fails validation."""
+
+    def reference(self, shape: Shape, inputs: dict[str, Any]) -> dict[str, Any]:
+        """float64 expected values, keyed like make_outputs."""
+
+    def launch(self, rt: Any, kernel: dict, shape: Shape, inputs: dict[str, Any],
+               outputs: dict[str, Any], stream: int) -> None:
+        """Launch exactly this kernel (Variant.as_runtime_dict(); no dispatch) on the caller's stream."""
+
+
+def _torch_dtype(name: str):
+    import torch
+    return {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+class FwdProblem:
+    op = "fwd"
+
+    def bytes_moved(self, shape: Shape) -> int:
+        xb, wb = DTYPES[shape.x_dtype][1], DTYPES[shape.w_dtype][1]
+        n = shape.batch * shape.dim * shape.seqlen
+        extra = shape.dim * (shape.width + shape.bias) * wb
+        states = shape.batch * shape.dim * (shape.width - 1) * xb
+        return 2 * n * xb + extra + states * (shape.initial_states + shape.final_states) \
+            + 4 * shape.batch * shape.seqlen * shape.seq_idx
+
+    def make_inputs(self, shape: Shape, seed: int, device: str = "cuda") -> dict[str, Any]:
+        import torch
+        gen = torch.Generator().manual_seed(seed)
+        xd, wd = _torch_dtype(shape.x_dtype), _torch_dtype(shape.w_dtype)
+        b, d, l, w = shape.batch, shape.dim, shape.seqlen, shape.width
+        if shape.layout == "cf":
+            x = torch.randn(b, d, l, generator=gen).to(xd).to(device)
+        else:  # channel-last: (batch, seqlen, dim) memory viewed as (batch, dim, seqlen)
+            x = torch.randn(b, l, d, generator=gen).to(xd).to(device).transpose(1, 2)
+        inputs = dict(x=x, weight=(torch.randn(d, w, generator=gen) / w ** 0.5).to(wd).to(device),
+                      bias=None, seq_idx=None, initial_states=None)
+        if shape.bias:
+            inputs["bias"] = torch.randn(d, generator=gen).to(wd).to(device)
+        if shape.seq_idx:
+            starts = (torch.rand(b, l, generator=gen) < 0.05).to(torch.int32)
+            starts[:, 0] = 0
+            inputs["seq_idx"] = torch.cumsum(starts, dim=1).to(torch.int32).to(device)
+        if shape.initial_states:
+            inputs["initial_states"] = torch.randn(b, d, w - 1, generator=gen).to(xd).to(device)
+        return inputs
+
+    def make_outputs(self, shape: Shape, inputs: dict[str, Any]) -> dict[str, Any]:
+        import torch
+        x = inputs["x"]
+        nan = float("nan")
+        if shape.layout == "cf":
+            out = torch.full_like(x, nan)
+        else:
+            out = torch.full((shape.batch, shape.seqlen, shape.dim), nan, dtype=x.dtype,
+                             device=x.device).transpose(1, 2)
+        outputs = dict(out=out)
+        if shape.final_states:
+            outputs["final_states"] = torch.full((shape.batch, shape.dim, shape.width - 1), nan,
+                                                 dtype=x.dtype, device=x.device)
+        return outputs
+
+    def reference(self, shape: Shape, inputs: dict[str, Any]) -> dict[str, Any]:
+        from ..reference import causal_conv1d_ref
+        d = lambda t: None if t is None else t.double()  # noqa: E731
+        out, fs = causal_conv1d_ref(d(inputs["x"]), d(inputs["weight"]), d(inputs["bias"]),
+                                    initial_states=d(inputs["initial_states"]), return_final_states=True,
+                                    activation="silu" if shape.activation == "silu" else None,
+                                    seq_idx=inputs["seq_idx"])
+        return dict(out=out, final_states=fs) if shape.final_states else dict(out=out)
+
+    def launch(self, rt: Any, kernel: dict, shape: Shape, inputs: dict[str, Any],
+               outputs: dict[str, Any], stream: int) -> None:
+        x, w, b = inputs["x"], inputs["weight"], inputs["bias"]
+        s, i = inputs["seq_idx"], inputs["initial_states"]
+        out, fs = outputs["out"], outputs.get("final_states")
+        ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+        st = lambda t, n: (0,) * n if t is None else tuple(t.stride())  # noqa: E731
+        strides = (*x.stride(), *w.stride(), 0 if b is None else b.stride(0), *out.stride(),
+                   *st(s, 2), *st(i, 3), *st(fs, 3))
+        rt.launch_fwd(kernel,
+                      (x.data_ptr(), w.data_ptr(), ptr(b), ptr(s), ptr(i), out.data_ptr(), ptr(fs)),
+                      (shape.batch, shape.dim, shape.seqlen, shape.width), strides,
+                      DTYPE_CODES[shape.x_dtype], DTYPE_CODES[shape.w_dtype],
+                      shape.activation == "silu", stream)
+
+
+PROBLEMS: dict[str, Problem] = {"fwd": FwdProblem()}
+
+
+def problem_for(op: str) -> Problem:
+    try:
+        return PROBLEMS[op]
+    except KeyError:
+        raise ValueError(f"op: no tuner problem for {op!r}; known: {sorted(PROBLEMS)}") from None

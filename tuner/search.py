@@ -1,0 +1,312 @@
+"""The per-(family, shape) search: an Optuna study over the family's space.
+
+The default variant goes first; invalid configs and failing candidates are
+pruned with their reason and recorded; small spaces are enumerated with
+BruteForceSampler, larger ones sampled with a seeded TPE. Candidates compile
+on a worker thread while the device validates and times earlier ones. At the
+end the finalists are re-timed together and near-ties within the noise go to
+the default, then to the variant closest to it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import uuid
+import warnings
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
+from ..generator import Family, Variant, arch_info, default_variant, space_for, variants
+from .db import TuningDB
+from .evaluate import CandidateError, Evaluator
+from .shapes import Shape
+
+log = logging.getLogger("cc1d")
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    trials: int = 64              # cap on candidates that pass the static checks (compiled or not)
+    budget_s: float | None = None  # wall-clock cap per shape (trials already started finish)
+    seed: int = 0
+    compile_ahead: int = 2        # candidates compiled ahead of the one being timed
+    finalists: int = 3            # best candidates re-timed beside the default at the end
+    retime_rounds: int = 3
+    tie_tolerance: float = 0.005  # near-tie floor when the measured spread is smaller
+    resume: bool = False
+    finalize: bool = True         # False: workers of a shared study only run trials
+
+
+@dataclass
+class Outcome:
+    variant: Variant
+    status: str                   # see db.TRIAL_STATUSES
+    time_us: float | None = None
+    spread: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class ShapeResult:
+    shape: Shape
+    arch: str
+    winner: Variant | None = None
+    time_us: float | None = None
+    spread: float | None = None
+    default: Variant | None = None
+    default_us: float | None = None
+    speedup: float | None = None
+    copy_fraction: float | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+    resumed: bool = False         # the winner was already in the DB
+    note: str = ""
+
+
+def study_name(arch: str, shape: Shape) -> str:
+    return f"cc1d:{arch}:{shape.family().key()}:{shape.key()}"
+
+
+def distributions(family: Family) -> dict[str, CategoricalDistribution]:
+    return {p.name: CategoricalDistribution(p.values) for p in space_for(family).params}
+
+
+def simplicity(variant: Variant, default: Variant) -> tuple:
+    """Sort key for near-ties: the default first, then fewest changes from it, then the key."""
+    changed = sum(a != b for a, b in zip(variant.config, default.config))
+    return (variant != default, changed, variant.key())
+
+
+class _BruteForce(optuna.samplers.BruteForceSampler):
+    # ask/tell cannot Study.stop(); the search loop detects exhaustion itself
+    def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+        pass
+
+
+def make_sampler(family: Family, arch: str, cfg: SearchConfig) -> optuna.samplers.BaseSampler:
+    n_valid = sum(1 for _ in variants(family, arch_info(arch)))
+    if n_valid <= cfg.trials:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return _BruteForce(seed=cfg.seed)
+    return optuna.samplers.TPESampler(seed=cfg.seed, n_startup_trials=min(10, max(1, cfg.trials // 4)),
+                                      constant_liar=True)
+
+
+class ShapeSearch:
+    """One study: run trials (resumable), then pick and store the winner."""
+
+    def __init__(self, shape: Shape, arch: str, evaluator: Evaluator, db: TuningDB, cfg: SearchConfig,
+                 *, storage: Any = None, copy_bw: float | None = None, environment: dict | None = None,
+                 run_id: str | None = None, on_trial: Callable[[Outcome], None] | None = None) -> None:
+        self.shape, self.arch, self.ev, self.db, self.cfg = shape, arch, evaluator, db, cfg
+        self.family = shape.family()
+        self.arch_obj = arch_info(arch)
+        self.default = default_variant(self.family, self.arch_obj)
+        self.dists = distributions(self.family)
+        self.space_size = math.prod(len(d.choices) for d in self.dists.values())
+        self.copy_bw, self.environment = copy_bw, environment or {}
+        self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.on_trial = on_trial or (lambda o: None)
+        self.known: dict[str, Outcome] = {}
+        self.keys = (arch, self.family.key(), shape.key())
+        self.study = optuna.create_study(study_name=study_name(arch, shape), storage=storage,
+                                         sampler=make_sampler(self.family, arch, cfg),
+                                         direction="minimize", load_if_exists=True)
+        self.shared = storage is not None
+
+    # ---- bookkeeping ------------------------------------------------------------
+
+    def _variant(self, params: dict) -> Variant:
+        return Variant.of(self.family, **params)
+
+    def _load_known(self) -> None:
+        """Outcomes already measured: from the shared study, or (--resume) from the DB's trials."""
+        for t in self.study.trials:
+            st = t.user_attrs.get("status")
+            if st and t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+                v = self._variant(t.params)
+                self.known[v.key()] = Outcome(v, st, t.user_attrs.get("time_us"),
+                                              t.user_attrs.get("spread"), t.user_attrs.get("error"))
+        if self.shared or not self.cfg.resume:
+            return
+        for row in self.db.trials(*self.keys):  # later rows win
+            v = self._variant(json.loads(row["config"]))
+            o = Outcome(v, row["status"], row["time_us"], row["spread"], row["error"])
+            if v.key() not in self.known:
+                self.study.add_trial(optuna.trial.create_trial(
+                    params=v.params, distributions=self.dists,
+                    value=o.time_us if o.status in ("ok", "slow") else None,
+                    state=TrialState.COMPLETE if o.status in ("ok", "slow") else TrialState.PRUNED,
+                    user_attrs=_attrs(o)))
+            self.known[v.key()] = o
+
+    def _record(self, trial: optuna.trial.Trial | None, o: Outcome) -> None:
+        """DB first (one transaction), then the study: a kill in between loses nothing measured."""
+        self.db.add_trial(run_id=self.run_id, arch=self.arch, family_key=self.family.key(),
+                          shape_key=self.shape.key(), variant_key=o.variant.key(), config=o.variant.params,
+                          status=o.status, time_us=o.time_us, spread=o.spread, error=o.error)
+        if trial is not None:
+            for k, v in _attrs(o).items():
+                trial.set_user_attr(k, v)
+            if o.status in ("ok", "slow"):
+                self.study.tell(trial, o.time_us)
+            else:
+                self.study.tell(trial, state=TrialState.PRUNED)
+        self.known[o.variant.key()] = o
+        self.on_trial(o)
+
+    def _attempted(self) -> int:
+        """Candidates that count against --trials: all but statically invalid ones, over all workers."""
+        if self.shared:
+            keys = {self._variant(t.params).key() for t in self.study.get_trials(deepcopy=False)
+                    if t.user_attrs.get("status", "running") != "invalid" and len(t.params) == len(self.dists)}
+            keys |= {k for k, o in self.known.items() if o.status != "invalid"}
+            return len(keys)
+        return sum(o.status != "invalid" for o in self.known.values())
+
+    # ---- the trial loop ---------------------------------------------------------
+
+    def run_trials(self) -> None:
+        self._load_known()
+        if self.default.key() not in self.known and not (self.shared and self.study.trials):
+            self.study.enqueue_trial(self.default.params)
+        start = time.monotonic()
+        best = min((o.time_us for o in self.known.values() if o.status == "ok"), default=None)
+        pending: deque[tuple[Any, Variant, Future]] = deque()
+        pending_keys: set[str] = set()
+        asks = 0
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cc1d-compile") as pool:
+            while True:
+                out_of_budget = self.cfg.budget_s is not None and time.monotonic() - start > self.cfg.budget_s
+                while (not out_of_budget and len(pending) < 1 + self.cfg.compile_ahead
+                       and self._attempted() + len(pending) < self.cfg.trials
+                       and len(self.known) + len(pending) < self.space_size
+                       and asks < 20 * self.space_size):
+                    asks += 1
+                    trial = self.study.ask(self.dists)
+                    v = self._variant(trial.params)
+                    if v.key() in pending_keys:  # TPE proposed one in flight: not a new candidate
+                        self.study.tell(trial, state=TrialState.FAIL)
+                        continue
+                    if v.key() in self.known:   # already measured: tell the sampler, measure nothing
+                        o = self.known[v.key()]
+                        for k, val in _attrs(o).items():
+                            trial.set_user_attr(k, val)
+                        if o.status in ("ok", "slow"):
+                            self.study.tell(trial, o.time_us)
+                        else:
+                            self.study.tell(trial, state=TrialState.PRUNED)
+                        continue
+                    reason = v.why_invalid(self.arch_obj)
+                    if reason:
+                        self._record(trial, Outcome(v, "invalid", error=reason))
+                        continue
+                    pending.append((trial, v, pool.submit(self.ev.compile, v)))
+                    pending_keys.add(v.key())
+                if not pending:
+                    break
+                trial, v, fut = pending.popleft()
+                pending_keys.discard(v.key())
+                o = self._evaluate(v, fut, best)
+                if o.status == "ok" and (best is None or o.time_us < best):
+                    best = o.time_us
+                self._record(trial, o)
+
+    def _evaluate(self, v: Variant, compiled: Future, best: float | None) -> Outcome:
+        try:
+            compiled.result()
+            self.ev.validate(v)
+            t = self.ev.time(v, best)
+        except CandidateError as exc:
+            return Outcome(v, exc.status, error=exc.reason)
+        except Exception as exc:  # noqa: BLE001 - a candidate's failure is a value, not the end of the run
+            log.warning("cc1d-tune: %s failed unexpectedly: %r", v.key(), exc)
+            return Outcome(v, "error", error=repr(exc))
+        return Outcome(v, "slow" if t.early_exit else "ok", t.median_us, t.spread,
+                       "early exit: clearly slower than the best so far" if t.early_exit else None)
+
+    # ---- the winner ---------------------------------------------------------------
+
+    def finalize(self) -> ShapeResult:
+        res = ShapeResult(self.shape, self.arch, default=self.default)
+        for o in self.known.values():
+            res.counts[o.status] = res.counts.get(o.status, 0) + 1
+        ok = sorted((o for o in self.known.values() if o.status == "ok"), key=lambda o: o.time_us)
+        if not ok:
+            res.note = "no candidate passed validation"
+            return res
+        finalists = [o.variant for o in ok[: self.cfg.finalists]]
+        if self.default.key() in self.known and self.known[self.default.key()].status == "ok" \
+                and self.default not in finalists:
+            finalists.append(self.default)
+        times: dict[Variant, list[float]] = {v: [] for v in finalists}
+        spreads: dict[Variant, list[float]] = {v: [] for v in finalists}
+        for _ in range(self.cfg.retime_rounds):  # interleaved, so drift hits all alike
+            for v in finalists:
+                try:
+                    t = self.ev.time(v, None)
+                except CandidateError as exc:
+                    log.warning("cc1d-tune: finalist %s failed when re-timed: %s", v.key(), exc)
+                    times.pop(v, None)
+                    break
+                times[v].append(t.median_us)
+                spreads[v].append(t.spread)
+            finalists = [v for v in finalists if v in times]
+        if not times:
+            res.note = "every finalist failed when re-timed"
+            return res
+        med = {v: sorted(ts)[len(ts) // 2] for v, ts in times.items()}
+        noise = {v: max(max(spreads[v]), (max(times[v]) - min(times[v])) / med[v]) for v in times}
+        fastest = min(med, key=lambda v: (med[v], v.key()))
+        tol = max(noise[fastest], self.cfg.tie_tolerance)
+        tied = [v for v in med if med[v] <= med[fastest] * (1 + tol)]
+        winner = min(tied, key=lambda v: simplicity(v, self.default))
+        res.winner, res.time_us, res.spread = winner, med[winner], noise[winner]
+        if self.default in med:
+            res.default_us = med[self.default]
+            res.speedup = res.default_us / res.time_us
+        if self.copy_bw:
+            res.copy_fraction = self.ev.bytes_moved / (res.time_us * 1e-6) / self.copy_bw
+        geo = winner.geometry()
+        s = self.shape
+        self.db.put_winner(
+            winner.source, arch=self.arch, family_key=self.family.key(), shape_key=s.key(), op=s.op,
+            batch=s.batch, dim=s.dim, seqlen=s.seqlen, features=",".join(s.features()),
+            variant_key=winner.key(), config=winner.params, source_hash=winner.hash(), **geo,
+            time_us=res.time_us, default_us=res.default_us, copy_fraction=res.copy_fraction,
+            spread=res.spread, speedup=res.speedup, environment=self.environment)
+        return res
+
+
+def _attrs(o: Outcome) -> dict:
+    return {"status": o.status, "time_us": o.time_us, "spread": o.spread, "error": o.error}
+
+
+def result_from_db(shape: Shape, arch: str, row: dict) -> ShapeResult:
+    v = Variant.of(shape.family(), **json.loads(row["config"]))
+    return ShapeResult(shape, arch, winner=v, time_us=row["time_us"], spread=row["spread"],
+                       default_us=row["default_us"], speedup=row["speedup"],
+                       copy_fraction=row["copy_fraction"], resumed=True)
+
+
+def tune_shape(shape: Shape, arch: str, evaluator: Evaluator, db: TuningDB, cfg: SearchConfig = SearchConfig(),
+               **kwargs: Any) -> ShapeResult:
+    """Search one shape and store its winner (or, with cfg.resume, return the stored one)."""
+    if cfg.resume and cfg.finalize:
+        row = db.winner(arch, shape.family().key(), shape.key())
+        if row is not None:
+            return result_from_db(shape, arch, row)
+    search = ShapeSearch(shape, arch, evaluator, db, cfg, **kwargs)
+    search.run_trials()
+    if not cfg.finalize:
+        return ShapeResult(shape, arch, note="trials only (worker)")
+    return search.finalize()
