@@ -53,3 +53,12 @@ def rocm_trixie_script() -> Path | None:
     candidates += [REPO.parent / "shared" / "tools" / "rocm-trixie.sh",
                    REPO / "shared" / "tools" / "rocm-trixie.sh"]
     return next((c for c in candidates if c.is_file()), None)
+
+
+def precompile(rt, sources, target: str) -> None:
+    """Fill the runtime's compile cache in parallel (compile() releases the GIL), so
+    GPU tests that then launch many variants do not compile them one by one."""
+    from concurrent.futures import ThreadPoolExecutor
+    unique = list(dict.fromkeys(sources))
+    with ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
+        list(pool.map(lambda s: rt.compile(s, target), unique))

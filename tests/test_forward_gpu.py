@@ -14,6 +14,7 @@ import cc1d  # noqa: E402
 from cc1d import ops  # noqa: E402
 from cc1d.generator import Family, families, fallback_chain, variants  # noqa: E402
 
+from conftest import precompile  # noqa: E402
 from covering import all_covering  # noqa: E402
 from fwd_cases import (Case, assert_close, launch_variant, make_inputs, poisoned,  # noqa: E402
                        reference)
@@ -24,6 +25,13 @@ SEQLENS = (1, 2, 127, 1000, 4097)
 DIMS = (1, 3, 7, 96, 5120)
 FEATURES = [dict(bias=b, silu=s, seq_idx=q, states=i, final=f)
             for b, s, q, i, f in itertools.product((False, True), repeat=5)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm_compile_cache(rt):
+    target = rt.device_target("cuda", torch.cuda.current_device())
+    precompile(rt, [e["source"] for e in rt.catalog()] + [v.source for v in all_covering(target)],
+               target)
 
 
 @pytest.fixture(autouse=True)
@@ -183,6 +191,7 @@ def test_torch_compile_keeps_the_op_in_graph():
 @pytest.mark.slow
 def test_every_variant_matches_reference(rt):
     every = [v for f in families() for v in variants(f)]
+    precompile(rt, [v.source for v in every], rt.device_target("cuda", torch.cuda.current_device()))
     failures = []
     for n, v in enumerate(every):
         rng = random.Random(v.key())
