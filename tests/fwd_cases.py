@@ -29,6 +29,7 @@ class Case:
     states: bool = False
     final: bool = False
     sliced: bool = False  # x is a strided slice at an odd element offset
+    align: int = 1        # pad the contiguous dim's stride to a multiple of this many elements
 
     def id(self) -> str:
         feats = "".join(c for c, on in zip("bsqif~", (self.bias, self.silu, self.seq_idx,
@@ -46,27 +47,37 @@ def random_seq_idx(batch: int, seqlen: int, gen: torch.Generator) -> torch.Tenso
     return torch.where(pad, torch.full_like(ids, -1), ids)
 
 
-def _layout(t_bdl: torch.Tensor, layout: str, sliced: bool, gen: torch.Generator) -> torch.Tensor:
-    """Place a (batch, dim, seqlen) tensor in memory as the layout asks."""
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _layout(t_bdl: torch.Tensor, layout: str, sliced: bool, align: int,
+            gen: torch.Generator) -> torch.Tensor:
+    """Place a (batch, dim, seqlen) tensor in memory as the layout asks: the
+    contiguous dim padded to `align` elements, or sliced at an odd offset."""
     b, d, l = t_bdl.shape
-    if layout == "cf":
-        if sliced:
+    if sliced:
+        if layout == "cf":
             big = torch.randn(b, d + 2, l + 3, generator=gen).to(t_bdl.dtype)
             big[:, 1:1 + d, 1:1 + l] = t_bdl
             return big[:, 1:1 + d, 1:1 + l]
-        return t_bdl.contiguous()
-    if sliced:
         big = torch.randn(b, l + 3, d + 3, generator=gen).to(t_bdl.dtype)
         big[:, 1:1 + l, 1:1 + d] = t_bdl.transpose(1, 2)
         return big[:, 1:1 + l, 1:1 + d].transpose(1, 2)
-    return t_bdl.transpose(1, 2).contiguous().transpose(1, 2)
+    if layout == "cf":
+        big = torch.randn(b, d, _round_up(l, align), generator=gen).to(t_bdl.dtype)
+        big[:, :, :l] = t_bdl
+        return big[:, :, :l]
+    big = torch.randn(b, l, _round_up(d, align), generator=gen).to(t_bdl.dtype)
+    big[:, :, :d] = t_bdl.transpose(1, 2)
+    return big[:, :, :d].transpose(1, 2)
 
 
 def make_inputs(case: Case, seed: int, device="cuda") -> dict:
     gen = torch.Generator().manual_seed(seed)
     xd, wd = TORCH_DTYPES[case.x_dtype], TORCH_DTYPES[case.w_dtype]
     x = torch.randn(case.batch, case.dim, case.seqlen, generator=gen).to(xd)
-    x = _layout(x, case.layout, case.sliced, gen).to(device)
+    x = _layout(x, case.layout, case.sliced, case.align, gen).to(device)
     weight = (torch.randn(case.dim, case.width, generator=gen) / case.width ** 0.5).to(wd).to(device)
     bias = torch.randn(case.dim, generator=gen).to(wd).to(device) if case.bias else None
     seq_idx = random_seq_idx(case.batch, case.seqlen, gen).to(device) if case.seq_idx else None
@@ -76,12 +87,15 @@ def make_inputs(case: Case, seed: int, device="cuda") -> dict:
     return dict(x=x, weight=weight, bias=bias, seq_idx=seq_idx, initial_states=states)
 
 
-def poisoned(shape, dtype, like_layout: torch.Tensor | None = None) -> torch.Tensor:
-    """An output buffer full of NaN: any element a kernel fails to write fails the test."""
-    if like_layout is not None and like_layout.stride(2) != 1 and like_layout.stride(1) == 1:
-        t = torch.full((shape[0], shape[2], shape[1]), float("nan"), dtype=dtype, device="cuda")
-        return t.transpose(1, 2)
-    return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+def poisoned(shape, dtype, layout: str = "cf", align: int = 1) -> torch.Tensor:
+    """An output buffer full of NaN (any element a kernel fails to write fails the
+    test), laid out as `layout` with the contiguous dim padded to `align` elements."""
+    b, d, l = shape
+    if layout == "cl":
+        t = torch.full((b, l, _round_up(d, align)), float("nan"), dtype=dtype, device="cuda")
+        return t[:, :, :d].transpose(1, 2)
+    t = torch.full((b, d, _round_up(l, align)), float("nan"), dtype=dtype, device="cuda")
+    return t[:, :, :l]
 
 
 def reference(case: Case, inp: dict):
@@ -110,7 +124,7 @@ def assert_close(name: str, got: torch.Tensor, want: torch.Tensor, x_dtype: str)
 def launch_variant(rt, variant, case: Case, inp: dict):
     """Run exactly one generated variant on poisoned outputs; returns (out, final_states)."""
     x, w = inp["x"], inp["weight"]
-    out = poisoned(x.shape, x.dtype, x)
+    out = poisoned(x.shape, x.dtype, case.layout, case.align)
     fs = poisoned((case.batch, case.dim, case.width - 1), x.dtype) if case.final else None
     b, s, i = inp["bias"], inp["seq_idx"], inp["initial_states"]
     ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
