@@ -52,32 +52,31 @@ def _round_up(n: int, m: int) -> int:
 
 
 def _layout(t_bdl: torch.Tensor, layout: str, sliced: bool, align: int,
-            gen: torch.Generator) -> torch.Tensor:
-    """Place a (batch, dim, seqlen) tensor in memory as the layout asks: the
-    contiguous dim padded to `align` elements, or sliced at an odd offset."""
+            gen: torch.Generator, device) -> torch.Tensor:
+    """Place a (batch, dim, seqlen) tensor on the device as the layout asks: the
+    contiguous dim padded to `align` elements, or sliced at an odd offset.
+    (The buffer is built on the device: .to() would make a slice contiguous.)"""
     b, d, l = t_bdl.shape
-    if sliced:
-        if layout == "cf":
-            big = torch.randn(b, d + 2, l + 3, generator=gen).to(t_bdl.dtype)
-            big[:, 1:1 + d, 1:1 + l] = t_bdl
-            return big[:, 1:1 + d, 1:1 + l]
-        big = torch.randn(b, l + 3, d + 3, generator=gen).to(t_bdl.dtype)
-        big[:, 1:1 + l, 1:1 + d] = t_bdl.transpose(1, 2)
-        return big[:, 1:1 + l, 1:1 + d].transpose(1, 2)
+    pad = 3 if sliced else 0
+    off = 1 if sliced else 0
     if layout == "cf":
-        big = torch.randn(b, d, _round_up(l, align), generator=gen).to(t_bdl.dtype)
-        big[:, :, :l] = t_bdl
-        return big[:, :, :l]
-    big = torch.randn(b, l, _round_up(d, align), generator=gen).to(t_bdl.dtype)
-    big[:, :, :d] = t_bdl.transpose(1, 2)
-    return big[:, :, :d].transpose(1, 2)
+        big = torch.randn(b, d + pad, _round_up(l + pad, align), generator=gen).to(t_bdl.dtype)
+        big = big.to(device)
+        view = big[:, off:off + d, off:off + l]
+        view.copy_(t_bdl.to(device))
+        return view
+    big = torch.randn(b, l + pad, _round_up(d + pad, align), generator=gen).to(t_bdl.dtype)
+    big = big.to(device)
+    view = big[:, off:off + l, off:off + d].transpose(1, 2)
+    view.copy_(t_bdl.to(device))
+    return view
 
 
 def make_inputs(case: Case, seed: int, device="cuda") -> dict:
     gen = torch.Generator().manual_seed(seed)
     xd, wd = TORCH_DTYPES[case.x_dtype], TORCH_DTYPES[case.w_dtype]
     x = torch.randn(case.batch, case.dim, case.seqlen, generator=gen).to(xd)
-    x = _layout(x, case.layout, case.sliced, case.align, gen).to(device)
+    x = _layout(x, case.layout, case.sliced, case.align, gen, device)
     weight = (torch.randn(case.dim, case.width, generator=gen) / case.width ** 0.5).to(wd).to(device)
     bias = torch.randn(case.dim, generator=gen).to(wd).to(device) if case.bias else None
     seq_idx = random_seq_idx(case.batch, case.seqlen, gen).to(device) if case.seq_idx else None
