@@ -110,19 +110,30 @@ def _forward_impl(x, weight, bias, seq_idx, initial_states, final_states_out, si
     return out
 
 
-@torch.library.custom_op("cc1d::causal_conv1d_fwd", mutates_args=("final_states_out",))
+# A functional op (no mutated arguments): torch.compile handles it without
+# auto-functionalization; a caller's final_states_out is filled by a copy.
+@torch.library.custom_op("cc1d::causal_conv1d_fwd", mutates_args=())
 def _fwd_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
             seq_idx: Optional[torch.Tensor], initial_states: Optional[torch.Tensor],
-            final_states_out: Optional[torch.Tensor], silu: bool) -> torch.Tensor:
-    return _forward_impl(x, weight, bias, seq_idx, initial_states, final_states_out, silu)
+            return_final_states: bool, silu: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    fs = _final_states_buffer(x, weight, return_final_states)
+    out = _forward_impl(x, weight, bias, seq_idx, initial_states, fs if return_final_states else None,
+                        silu)
+    return out, fs
 
 
 @_fwd_op.register_fake
-def _(x, weight, bias, seq_idx, initial_states, final_states_out, silu):
+def _(x, weight, bias, seq_idx, initial_states, return_final_states, silu):
     sb, sd, sl = _inner_strides(x)
     if sl != 1 and sd != 1:
         x = x.contiguous()
-    return _empty_like_layout(x, x.shape)
+    return _empty_like_layout(x, x.shape), _final_states_buffer(x, weight, return_final_states)
+
+
+def _final_states_buffer(x, weight, wanted: bool) -> torch.Tensor:
+    if not wanted:
+        return x.new_empty(0)
+    return _empty_like_layout(x, (x.shape[0], x.shape[1], weight.shape[1] - 1))
 
 
 def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -139,11 +150,14 @@ def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     (batch, dim, width-1), written into ``final_states_out`` when given.
     """
     silu = _validate(x, weight, bias, seq_idx, initial_states, final_states_out, activation)
-    if return_final_states and final_states_out is None:
-        final_states_out = _empty_like_layout(x, (x.shape[0], x.shape[1], weight.shape[1] - 1))
-    fs = final_states_out if return_final_states else None
     if torch.compiler.is_compiling():
-        out = _fwd_op(x, weight, bias, seq_idx, initial_states, fs, silu)
-    else:
-        out = _forward_impl(x, weight, bias, seq_idx, initial_states, fs, silu)
+        out, fs = _fwd_op(x, weight, bias, seq_idx, initial_states, return_final_states, silu)
+        if return_final_states and final_states_out is not None:
+            final_states_out.copy_(fs)
+            fs = final_states_out
+        return (out, fs) if return_final_states else out
+    if return_final_states and final_states_out is None:
+        final_states_out = _final_states_buffer(x, weight, True)
+    fs = final_states_out if return_final_states else None
+    out = _forward_impl(x, weight, bias, seq_idx, initial_states, fs, silu)
     return (out, final_states_out) if return_final_states else out

@@ -101,7 +101,7 @@ with TuningDB(path) as db:
 def test_concurrent_writers_from_several_processes(tmp_path):
     path = tmp_path / "t.db"
     TuningDB(path).close()
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(k), "40"], stderr=subprocess.PIPE)
+    procs = [subprocess.Popen([sys.executable, "-P", "-c", WRITER, str(path), str(k), "40"], stderr=subprocess.PIPE)
              for k in range(4)]
     for p in procs:
         _, err = p.communicate(timeout=120)
@@ -127,7 +127,7 @@ with db.transaction():
 def test_kill_mid_transaction_leaves_nothing(tmp_path):
     path = tmp_path / "t.db"
     TuningDB(path).close()
-    proc = subprocess.run([sys.executable, "-c", KILL_MID_WINNER, str(path)], capture_output=True)
+    proc = subprocess.run([sys.executable, "-P", "-c", KILL_MID_WINNER, str(path)], capture_output=True)
     assert proc.returncode == -9, proc.stderr.decode()
     with TuningDB(path) as db:
         assert db.conn.execute("SELECT count(*) FROM sources").fetchone()[0] == 0

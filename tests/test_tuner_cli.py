@@ -127,5 +127,5 @@ def test_db_subcommands(tmp_path, capsys):
 
 
 def test_python_dash_m_entry_point():
-    proc = subprocess.run([sys.executable, "-m", "cc1d.tuner", "--help"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-P", "-m", "cc1d.tuner", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "--compile-only" in proc.stdout

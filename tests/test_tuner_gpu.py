@@ -29,8 +29,9 @@ def test_real_tuning_run(tmp_path, monkeypatch):
     monkeypatch.setenv("CC1D_CACHE_DIR", str(tmp_path / "cache"))
     shapes, db_path, report = tmp_path / "shapes.yaml", tmp_path / "t.db", tmp_path / "r.json"
     shapes.write_text(SHAPES)
-    proc = subprocess.run([sys.executable, "-m", "cc1d.tuner", "--shapes", str(shapes), "--db", str(db_path),
+    proc = subprocess.run([sys.executable, "-P", "-m", "cc1d.tuner", "--shapes", str(shapes), "--db", str(db_path),
                            "--trials", "8", "--report", str(report)], capture_output=True, text=True,
+                          cwd=tmp_path,  # not the repo root: its cc1d/ folder would shadow the package
                           timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert len(json.loads(report.read_text())["results"]) == 2

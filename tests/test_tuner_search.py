@@ -169,7 +169,7 @@ def test_resume_after_sigkill_loses_nothing(tmp_path):
     path = tmp_path / "t.db"
     seen = 0
     for _ in range(3):  # kill mid-search, each time after a few more trials are stored
-        proc = subprocess.Popen([sys.executable, "-c", RUN, str(path)], stderr=subprocess.PIPE)
+        proc = subprocess.Popen([sys.executable, "-P", "-c", RUN, str(path)], stderr=subprocess.PIPE)
         deadline = time.monotonic() + 60
         while _trial_count(path) < seen + 3 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -179,7 +179,7 @@ def test_resume_after_sigkill_loses_nothing(tmp_path):
         now = _trial_count(path)
         assert now >= seen
         seen = now
-    proc = subprocess.run([sys.executable, "-c", RUN, str(path)], capture_output=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-P", "-c", RUN, str(path)], capture_output=True, timeout=120)
     assert proc.returncode == 0, proc.stderr.decode()
     with TuningDB(path) as d:
         assert d.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
@@ -193,7 +193,7 @@ def test_resume_after_sigkill_loses_nothing(tmp_path):
 
 def test_two_processes_share_one_study_through_a_journal(tmp_path):
     path, journal = tmp_path / "t.db", tmp_path / "study.journal"
-    procs = [subprocess.Popen([sys.executable, "-c", RUN, str(path), str(journal)], stderr=subprocess.PIPE)
+    procs = [subprocess.Popen([sys.executable, "-P", "-c", RUN, str(path), str(journal)], stderr=subprocess.PIPE)
              for _ in range(2)]
     for p in procs:
         _, err = p.communicate(timeout=120)

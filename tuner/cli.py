@@ -170,7 +170,9 @@ def _spawn_workers(args: argparse.Namespace, argv: Sequence[str], n: int, db_pat
     procs = []
     for k in range(n):
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=ids[k % len(ids)], HIP_VISIBLE_DEVICES=ids[k % len(ids)])
-        cmd = [sys.executable, "-m", "cc1d.tuner", *cleaned, "--storage", storage, "--worker",
+        # -P: a cc1d/ folder in the working directory must not shadow the installed package
+        safe_path = ["-P"] if sys.version_info >= (3, 11) else []
+        cmd = [sys.executable, *safe_path, "-m", "cc1d.tuner", *cleaned, "--storage", storage, "--worker",
                "--db", str(db_path), "--seed", str(args.seed + k)]
         procs.append(subprocess.Popen(cmd, env=env))
     codes = [p.wait() for p in procs]
