@@ -50,5 +50,7 @@ def copy_ceiling_gbps(nbytes: int = 1 << 30) -> float:
     """Bandwidth of one large device-to-device copy, bytes read + written."""
     src = torch.randn(nbytes // 4, device="cuda")
     dst = torch.empty_like(src)
-    us = graph_time_us([lambda: dst.copy_(src)], replays=20, calls_per_graph=5)
+    for _ in range(300):  # about a second of copies: clocks leave idle before we measure
+        dst.copy_(src)
+    us = graph_time_us([lambda: dst.copy_(src)], replays=30, calls_per_graph=10)
     return 2 * nbytes / (us * 1e-6) / 1e9

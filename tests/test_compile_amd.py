@@ -51,3 +51,15 @@ def test_covering_set_compiles_for_amd(trixie, target):
     spills = [f"{r['key']}: {r['resources']}" for r in results
               if r["resources"]["vgpr_spill_count"] or r["resources"].get("private_segment_fixed_size")]
     assert not spills, "scratch use (spills):\n" + "\n".join(spills)
+
+
+def test_tuner_compile_only_for_gfx942(trixie, tmp_path):
+    """`cc1d-tune --arch gfx942 --compile-only`: the AMD route on machines without an AMD GPU."""
+    shapes = tmp_path / "shapes.yaml"
+    shapes.write_text("shapes:\n  - {layout: [cf, cl], dtypes: bf16/f32, width: 4, batch: 2, dim: 256, "
+                      "seqlen: 1000}\n")
+    proc = subprocess.run(["bash", str(trixie), "run", "--", sys.executable, "-P", "-m", "cc1d.tuner",
+                           "--arch", "gfx942", "--compile-only", "--trials", "3", "--shapes", str(shapes)],
+                          capture_output=True, text=True, timeout=1200, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "gfx942" in proc.stdout + proc.stderr

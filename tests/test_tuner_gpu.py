@@ -3,6 +3,7 @@ within the noise, and each winner validates against the float64 reference."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -46,3 +47,29 @@ def test_real_tuning_run(tmp_path, monkeypatch):
             assert 0 < w["copy_fraction"] < 1.5
             v = Variant.of(family_from_key(w["family_key"]), **json.loads(w["config"]))
             GpuEvaluator(rt, shape, w["arch"]).validate(v)  # raises CandidateError if wrong
+
+
+def _tune(tmp_path, *extra):
+    shapes, db_path = tmp_path / "shapes.yaml", tmp_path / "t.db"
+    shapes.write_text(SHAPES)
+    proc = subprocess.run([sys.executable, "-P", "-m", "cc1d.tuner", "--shapes", str(shapes), "--db",
+                           str(db_path), *extra], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=900, env={**os.environ, "CC1D_CACHE_DIR": str(tmp_path / "cache")})
+    return proc, db_path
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_workers_share_one_study(tmp_path):
+    from cc1d.tuner.db import TuningDB
+
+    proc, db_path = _tune(tmp_path, "--workers", "2", "--trials", "8")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with TuningDB(db_path) as db:
+        assert len(db.winners()) == 2 and db.validate() == []
+
+
+def test_more_workers_than_gpus_is_refused(tmp_path):
+    n = torch.cuda.device_count()
+    proc, _ = _tune(tmp_path, "--workers", str(n + 1), "--trials", "2")
+    assert proc.returncode == 2
+    assert "--workers" in proc.stderr and "concurrently" in proc.stderr, proc.stderr

@@ -166,10 +166,17 @@ def _spawn_workers(args: argparse.Namespace, argv: Sequence[str], n: int, db_pat
             cleaned.append(rest[i])
         i += 1
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = visible.split(",") if visible else [str(k) for k in range(n)]
+    if visible:
+        ids = [d for d in visible.split(",") if d.strip()]
+    else:
+        import torch
+        ids = [str(k) for k in range(torch.cuda.device_count())]
+    if n > len(ids):  # two workers on one GPU would time trials concurrently
+        raise UsageError(f"--workers: expected at most the {len(ids)} visible GPU(s), got {n}; "
+                         "trials are never timed concurrently on one GPU")
     procs = []
     for k in range(n):
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=ids[k % len(ids)], HIP_VISIBLE_DEVICES=ids[k % len(ids)])
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=ids[k], HIP_VISIBLE_DEVICES=ids[k])
         # -P: a cc1d/ folder in the working directory must not shadow the installed package
         safe_path = ["-P"] if sys.version_info >= (3, 11) else []
         cmd = [sys.executable, *safe_path, "-m", "cc1d.tuner", *cleaned, "--storage", storage, "--worker",
