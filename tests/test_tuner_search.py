@@ -3,7 +3,6 @@ timings): Optuna, pruning with reasons, tie-breaking, DB writes, budget, resume
 after SIGKILL, and a study shared by two processes through a journal."""
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
