@@ -20,6 +20,17 @@ shapes:
 """
 
 
+def _tune(tmp_path, *extra):
+    """Run the real cc1d-tune over SHAPES into tmp_path/t.db; returns (process, db path)."""
+    shapes, db_path = tmp_path / "shapes.yaml", tmp_path / "t.db"
+    shapes.write_text(SHAPES)
+    # -P and cwd: the repo root's cc1d/ folder must not shadow the installed package
+    proc = subprocess.run([sys.executable, "-P", "-m", "cc1d.tuner", "--shapes", str(shapes), "--db",
+                           str(db_path), *extra], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=900, env={**os.environ, "CC1D_CACHE_DIR": str(tmp_path / "cache")})
+    return proc, db_path
+
+
 def test_real_tuning_run(tmp_path, monkeypatch):
     from cc1d._runtime import runtime
     from cc1d.generator import Variant
@@ -27,13 +38,9 @@ def test_real_tuning_run(tmp_path, monkeypatch):
     from cc1d.tuner.evaluate import GpuEvaluator
     from cc1d.tuner.shapes import load_shapes
 
-    monkeypatch.setenv("CC1D_CACHE_DIR", str(tmp_path / "cache"))
-    shapes, db_path, report = tmp_path / "shapes.yaml", tmp_path / "t.db", tmp_path / "r.json"
-    shapes.write_text(SHAPES)
-    proc = subprocess.run([sys.executable, "-P", "-m", "cc1d.tuner", "--shapes", str(shapes), "--db", str(db_path),
-                           "--trials", "8", "--report", str(report)], capture_output=True, text=True,
-                          cwd=tmp_path,  # not the repo root: its cc1d/ folder would shadow the package
-                          timeout=900)
+    monkeypatch.setenv("CC1D_CACHE_DIR", str(tmp_path / "cache"))  # also for validate() below
+    shapes, report = tmp_path / "shapes.yaml", tmp_path / "r.json"
+    proc, db_path = _tune(tmp_path, "--trials", "8", "--report", str(report))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert len(json.loads(report.read_text())["results"]) == 2
     rt = runtime()
@@ -47,15 +54,6 @@ def test_real_tuning_run(tmp_path, monkeypatch):
             assert 0 < w["copy_fraction"] < 1.5
             v = Variant.of(family_from_key(w["family_key"]), **json.loads(w["config"]))
             GpuEvaluator(rt, shape, w["arch"]).validate(v)  # raises CandidateError if wrong
-
-
-def _tune(tmp_path, *extra):
-    shapes, db_path = tmp_path / "shapes.yaml", tmp_path / "t.db"
-    shapes.write_text(SHAPES)
-    proc = subprocess.run([sys.executable, "-P", "-m", "cc1d.tuner", "--shapes", str(shapes), "--db",
-                           str(db_path), *extra], capture_output=True, text=True, cwd=tmp_path,
-                          timeout=900, env={**os.environ, "CC1D_CACHE_DIR": str(tmp_path / "cache")})
-    return proc, db_path
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
