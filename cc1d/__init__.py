@@ -7,6 +7,7 @@ the tuner's CPU parts and the runtime's compile path need none).
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 __version__ = "0.1.0"
@@ -14,9 +15,19 @@ __version__ = "0.1.0"
 _TORCH_API = {
     "causal_conv1d_fn": "cc1d.ops",
     "causal_conv1d_ref": "cc1d.reference",
+    "explain": "cc1d.ops",
 }
 
-__all__ = [*_TORCH_API, "__version__"]
+__all__ = [*_TORCH_API, "set_tuning_db", "__version__"]
+
+
+def set_tuning_db(*paths: "str | os.PathLike[str]") -> None:
+    """Tuning DB files the dispatcher searches first, in this order (before
+    ``CC1D_TUNING_DB``, the user's DB in the cache dir and the shipped one).
+    Replaces the previous list; no argument clears it. A file that is missing or
+    unreadable is skipped with one warning."""
+    from ._runtime import runtime
+    runtime().set_tuning_dbs([os.fspath(p) for p in paths])
 
 
 def __getattr__(name: str) -> Any:

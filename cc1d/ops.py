@@ -33,10 +33,11 @@ def _empty_like_layout(x: torch.Tensor, shape, dtype=None) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=x.device)
 
 
-def _validate(x, weight, bias, seq_idx, initial_states, final_states_out, activation):
+def _validate(x, weight, bias, seq_idx, initial_states, final_states_out, activation,
+              require_device: bool = True):
     C.check_tensor(_FN, "x", x, 3)
     C.check_tensor(_FN, "weight", weight, 2)
-    if not x.is_cuda:
+    if require_device and not x.is_cuda:
         C.fail(_FN, "x", "a CUDA/ROCm tensor", f"a tensor on {x.device}")
     C.check_float_dtype(_FN, "x", x, tuple(C.DTYPE_CODES))
     batch, dim, seqlen = x.shape
@@ -79,7 +80,10 @@ def _inner_strides(t: torch.Tensor):
     return sb, sd, sl
 
 
-def _launch(x, weight, bias, seq_idx, initial_states, final_states, out, silu: bool) -> None:
+def _fwd_call_args(x, weight, bias, seq_idx, initial_states, final_states, out, silu: bool,
+                   stream: int) -> tuple:
+    """The runtime's fwd arguments (ptrs, sizes, strides, x_dtype, w_dtype, silu, stream).
+    Reads only data_ptr(), stride() and shape, so explain() can pass _Planned stand-ins."""
     def ptr(t):
         return 0 if t is None else t.data_ptr()
 
@@ -90,11 +94,15 @@ def _launch(x, weight, bias, seq_idx, initial_states, final_states, out, silu: b
     st = (*_inner_strides(x), *weight.stride(), 0 if bias is None else bias.stride(0),
           *_inner_strides(out), *strides(seq_idx, 2), *strides(initial_states, 3),
           *strides(final_states, 3))
-    runtime().fwd(
-        (x.data_ptr(), weight.data_ptr(), ptr(bias), ptr(seq_idx), ptr(initial_states),
-         out.data_ptr(), ptr(final_states)),
-        (batch, dim, seqlen, weight.shape[1]), st,
-        C.DTYPE_CODES[x.dtype], C.DTYPE_CODES[weight.dtype], silu, _stream_handle(x.device))
+    return ((x.data_ptr(), weight.data_ptr(), ptr(bias), ptr(seq_idx), ptr(initial_states),
+             out.data_ptr(), ptr(final_states)),
+            (batch, dim, seqlen, weight.shape[1]), st,
+            C.DTYPE_CODES[x.dtype], C.DTYPE_CODES[weight.dtype], silu, stream)
+
+
+def _launch(x, weight, bias, seq_idx, initial_states, final_states, out, silu: bool) -> None:
+    runtime().fwd(*_fwd_call_args(x, weight, bias, seq_idx, initial_states, final_states, out, silu,
+                                  _stream_handle(x.device)))
 
 
 def _forward_impl(x, weight, bias, seq_idx, initial_states, final_states_out, silu: bool):
@@ -161,3 +169,46 @@ def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     fs = final_states_out if return_final_states else None
     out = _forward_impl(x, weight, bias, seq_idx, initial_states, fs, silu)
     return (out, final_states_out) if return_final_states else out
+
+
+class _Planned:
+    """A tensor _forward_impl would allocate (fresh, so 256-byte aligned), laid out like x:
+    what explain() passes instead of allocating it."""
+
+    def __init__(self, like_channel_last: bool, shape, dtype: torch.dtype) -> None:
+        b, d, n = shape
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self._stride = (d * n, 1, d) if like_channel_last else (d * n, n, 1)
+
+    def data_ptr(self) -> int:
+        return 256
+
+    def stride(self):
+        return self._stride
+
+
+def explain(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+            seq_idx: Optional[torch.Tensor] = None, initial_states: Optional[torch.Tensor] = None,
+            activation: Optional[str] = None, *, return_final_states: bool = False,
+            arch: Optional[str] = None) -> dict:
+    """Which kernel ``causal_conv1d_fn`` would launch for these arguments, and why.
+
+    Returns a dict: ``key`` (the variant), ``reason`` (exact | nearest | default),
+    ``source`` (the tuning DB file, or "catalog"), ``matched_shape`` (the tuned
+    shape used), ``distance``, ``arch``, ``shape``, ``alignment``, ``detail`` and
+    ``variant`` (all its fields). Allocates, copies and launches nothing; ``arch``
+    (e.g. "sm_90") overrides the target of x's device, and lets CPU tensors be explained.
+    """
+    silu = _validate(x, weight, bias, seq_idx, initial_states, None, activation,
+                     require_device=arch is None)
+    cl = _is_channel_last(x)
+    sb, sd, sl = _inner_strides(x)
+    if sl != 1 and sd != 1:
+        x = _Planned(False, x.shape, x.dtype)  # _forward_impl would run x.contiguous()
+        cl = False
+    out = _Planned(cl, x.shape, x.dtype)
+    fs = (_Planned(cl, (x.shape[0], x.shape[1], weight.shape[1] - 1), x.dtype)
+          if return_final_states else None)
+    args = _fwd_call_args(x, weight, bias, seq_idx, initial_states, fs, out, silu, 0)
+    return runtime().explain_fwd(*args, arch=arch or "")

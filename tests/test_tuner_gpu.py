@@ -71,3 +71,30 @@ def test_more_workers_than_gpus_is_refused(tmp_path):
     proc, _ = _tune(tmp_path, "--workers", str(n + 1), "--trials", "2")
     assert proc.returncode == 2
     assert "--workers" in proc.stderr and "concurrently" in proc.stderr, proc.stderr
+
+
+def test_runtime_uses_the_tuned_winner(tmp_path):
+    """The winners cc1d-tune writes are what causal_conv1d_fn then launches."""
+    import cc1d
+    from cc1d.tuner.db import TuningDB
+
+    proc, db_path = _tune(tmp_path, "--trials", "6")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with TuningDB(db_path) as db:
+        winner = next(w for w in db.winners() if w["family_key"] == "fwd.cf.bf16wf32.w4")
+    x = torch.randn(2, 1024, 2048, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1024, 4, device="cuda")
+    b = torch.randn(1024, device="cuda")
+    cc1d.set_tuning_db(db_path)
+    try:
+        e = cc1d.explain(x, w, b, activation="silu")
+        assert (e["reason"], e["source"], e["key"]) == ("exact", str(db_path), winner["variant_key"]), e
+        out = cc1d.causal_conv1d_fn(x, w, b, activation="silu")
+        ref = cc1d.causal_conv1d_ref(x.double(), w.double(), b.double(), activation="silu")
+        err = float((out.double() - ref).norm() / ref.norm())
+        assert err < 2e-2, err
+        # a neighbouring, untuned shape reuses the nearest winner whose requirements hold
+        e = cc1d.explain(x[:1, :, :1000], w, b, activation="silu")
+        assert e["reason"] in ("nearest", "default"), e
+    finally:
+        cc1d.set_tuning_db()

@@ -18,5 +18,8 @@ struct Entry {
 
 const Entry* entries();
 std::size_t num_entries();
+// generator/space.py EPOCH when the catalog was rendered; tuning-DB entries of
+// another epoch are ignored.
+int generator_epoch();
 
 }  // namespace cc1d::catalog

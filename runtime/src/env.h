@@ -1,6 +1,7 @@
 // Every path and environment knob of the runtime, read once per process.
 #pragma once
 #include <string>
+#include <vector>
 
 namespace cc1d {
 
@@ -9,7 +10,11 @@ struct Env {
   bool disk_cache = true;     // false when CC1D_DISABLE_DISK_CACHE=1 or no cache dir
   std::string nvrtc_path;     // CC1D_NVRTC: explicit libnvrtc to load first
   std::string hiprtc_path;    // CC1D_HIPRTC: explicit libhiprtc (or libamdhip64) to load first
+  std::vector<std::string> tuning_dbs;  // CC1D_TUNING_DB: colon-separated DB files, searched first
+  std::string package_dir;    // CC1D_PACKAGE_DIR: where tuning_db/<arch>.db is shipped (Python sets it too)
+  bool log_dispatch = false;  // CC1D_LOG names "dispatch" (comma-separated list): log each new decision
   std::string kernels_dir() const { return cache_dir + "/kernels"; }
+  std::string user_tuning_db() const { return cache_dir.empty() ? "" : cache_dir + "/tuning.db"; }
 };
 
 const Env& env();

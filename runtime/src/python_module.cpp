@@ -160,11 +160,53 @@ PYBIND11_MODULE(_cc1d, m) {
   m.def(
       "select_fwd",
       [](const Ptrs& ptrs, const Sizes& sizes, const Strides& strides, int x_dtype, int w_dtype, bool silu,
-         int64_t stream) {
-        return variant_dict(cc1d::select_fwd(make_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, stream)));
+         int64_t stream, const std::string& arch) {
+        const FwdArgs a = make_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, stream);
+        KernelVariant v;
+        {
+          py::gil_scoped_release nogil;
+          v = cc1d::select_fwd(a, arch);
+        }
+        return variant_dict(v);
       },
       py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
-      py::arg("silu"), py::arg("stream"));
+      py::arg("silu"), py::arg("stream"), py::arg("arch") = "");
+
+  m.def(
+      "explain_fwd",
+      [](const Ptrs& ptrs, const Sizes& sizes, const Strides& strides, int x_dtype, int w_dtype, bool silu,
+         int64_t stream, const std::string& arch) {
+        const FwdArgs a = make_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, stream);
+        Explanation e;
+        {
+          py::gil_scoped_release nogil;  // a first decision may read DB files
+          e = cc1d::explain_fwd(a, arch);
+        }
+        py::dict d;
+        d["variant"] = variant_dict(e.variant);
+        d["key"] = e.variant.key;
+        d["reason"] = e.reason;
+        d["source"] = e.source;
+        d["matched_shape"] = e.matched_shape;
+        d["arch"] = e.arch;
+        d["shape"] = e.call_shape;
+        d["alignment"] = e.alignment;
+        d["distance"] = e.reason == "default" ? py::object(py::none()) : py::object(py::float_(e.distance));
+        d["detail"] = e.detail;
+        return d;
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
+      py::arg("silu"), py::arg("stream") = 0, py::arg("arch") = "",
+      "explain_fwd(<fwd's arguments>, arch='') -> dict: the variant the dispatcher picks and why "
+      "(reason exact|nearest|default, source DB path or 'catalog', matched_shape, distance, detail). "
+      "arch='' takes the target of x's device. Touches no memory.");
+
+  m.def("set_tuning_dbs", &cc1d::set_tuning_dbs, py::arg("paths"), py::call_guard<py::gil_scoped_release>(),
+        "DB files searched first by the dispatcher (replaces the previous list).");
+  m.def("set_package_dir", &cc1d::set_package_dir, py::arg("dir"), py::call_guard<py::gil_scoped_release>(),
+        "Folder holding tuning_db/<arch>.db (the shipped tuning results).");
+  m.def("clear_dispatch_cache", &cc1d::clear_dispatch_cache, py::call_guard<py::gil_scoped_release>(),
+        "Forget memoised dispatch decisions and loaded tuning DBs.");
 
   m.def("catalog", [] {
     py::list out;

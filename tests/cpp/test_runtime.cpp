@@ -216,10 +216,31 @@ void test_gpu_forward() {
 
 }  // namespace
 
+// The dispatcher without Python or a GPU: no DB -> the catalog; a missing DB
+// the caller named -> one warning, then the catalog.
+void test_dispatch_without_db() {
+  std::vector<std::string> warnings;
+  cc1d::set_log_handler([&](const std::string& m) { warnings.push_back(m); });
+  cc1d::set_tuning_dbs({"/nonexistent/cc1d-test.db"});
+  auto a = good_args();
+  const cc1d::Explanation e = cc1d::explain_fwd(a, "sm_999");
+  check(e.reason == "default" && e.source == "catalog", "no tuned shape: default from the catalog");
+  check(e.variant.key == cc1d::select_fwd(a, "sm_999").key, "select_fwd agrees with explain_fwd");
+  check(warnings.size() == 1 && warnings[0].find("cc1d-test.db") != std::string::npos,
+        "a missing DB named by the caller warns once");
+  cc1d::explain_fwd(a, "sm_999");
+  check(warnings.size() == 1, "the second call is memoised (no new warning)");
+  const cc1d::Explanation u = cc1d::explain_fwd(a);
+  check(u.reason == "default" && u.arch.empty(), "no device and no arch: default, arch unknown");
+  cc1d::set_tuning_dbs({});
+  cc1d::set_log_handler({});
+}
+
 int main() {
   test_sha256();
   test_validation();
   test_nvrtc();
+  test_dispatch_without_db();
   if (std::getenv("CC1D_TEST_HAS_GPU") == nullptr) test_no_driver();
   else test_gpu_forward();
   std::printf("%d failure(s)\n", failures);

@@ -54,8 +54,40 @@ struct FwdArgs {
 // kernel is compiled.
 void causal_conv1d_fwd(const FwdArgs& args);
 
-// The variant causal_conv1d_fwd would launch for these arguments.
-KernelVariant select_fwd(const FwdArgs& args);
+// The variant causal_conv1d_fwd would launch for these arguments. `arch`
+// ("sm_90", "gfx942"): the device target to pick for; "" = the target of the
+// device owning x (no device found: the default catalog). Needs no GPU when
+// `arch` is given: no memory is touched.
+KernelVariant select_fwd(const FwdArgs& args, const std::string& arch = "");
+
+// ---- dispatch: which kernel, and why -------------------------------------
+// Lookup chain (first hit wins): the DBs named by set_tuning_dbs, then those in
+// CC1D_TUNING_DB (colon-separated), then the user's DB <cache dir>/tuning.db,
+// then the shipped <package dir>/tuning_db/<arch>.db, then the default catalog.
+// Exact (family, batch, dim, seqlen, features) winners are searched along the
+// whole chain first; else the nearest tuned shape of the same family and
+// features (smallest |ln(b*l) - ln(b'*l')| + |ln(d) - ln(d')|; ties go to the
+// earlier DB) among entries whose align_bytes the call meets; else the catalog.
+struct Explanation {
+  KernelVariant variant;
+  std::string reason;         // "exact" | "nearest" | "default"
+  std::string source;         // DB file path, or "catalog"
+  std::string matched_shape;  // the DB entry's shape key ("" for default)
+  std::string arch;           // the target decided for ("" if unknown)
+  std::string call_shape;     // the call as a shape key: b8.d2048.l512.bias.silu
+  int alignment = 0;          // bytes the call's x/out pointers and strides are aligned to
+  double distance = 0;        // nearest: the distance above; exact 0; default -1
+  std::string detail;         // one line for humans: why not tuned, what was skipped
+};
+Explanation explain_fwd(const FwdArgs& args, const std::string& arch = "");
+
+// DBs searched before CC1D_TUNING_DB and the user's DB; replaces the previous list.
+void set_tuning_dbs(const std::vector<std::string>& paths);
+// Folder holding tuning_db/<arch>.db (the Python package sets its own; C++
+// users may set it, or CC1D_PACKAGE_DIR).
+void set_package_dir(const std::string& dir);
+// Forgets memoised decisions and loaded DBs (tests; after rewriting a DB file).
+void clear_dispatch_cache();
 
 // Launches exactly this variant (the tuner and the tests use it; same compile
 // cache and launch path as causal_conv1d_fwd). Throws InvalidArgument if the
