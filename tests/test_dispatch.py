@@ -104,10 +104,18 @@ def test_features_must_match(rt, tmp_path):
     rt.set_tuning_dbs([path])
     assert explain(rt, 2, 64, 128, bias=False)["key"] == V16[4].key()
     assert explain(rt, 2, 64, 128, final=True)["key"] == V16[6].key()
-    # no entry without bias and silu: features are never mixed, even at distance 0
+    # no entry without bias and silu: the nearest with the fewest differing features serves
     e = explain(rt, 2, 64, 128, bias=False, silu=False)
-    assert (e["reason"], e["source"], e["key"]) == ("default", "catalog", CATALOG_16.key())
-    assert "features []" in e["detail"]
+    assert (e["reason"], e["key"]) == ("nearest", V16[4].key())
+    assert "tuned with features [silu]; none tuned with []" in e["detail"]
+
+
+def test_same_features_beat_any_distance(rt, tmp_path):
+    path = make_db(tmp_path / "t.db", [(V16[3], 2, 64, 128, "bias,silu"), (V16[4], 1, 8192, 1 << 20, "silu")])
+    rt.set_tuning_dbs([path])
+    e = explain(rt, 2, 64, 128, bias=False)
+    assert (e["reason"], e["key"], e["matched_shape"]) == ("nearest", V16[4].key(), "b1.d8192.l1048576.silu")
+    assert "tuned with features" not in e["detail"]
 
 
 def test_nearest_by_distance(rt, tmp_path):

@@ -139,6 +139,9 @@ std::string shape_key(int64_t b, int64_t d, int64_t l, unsigned features) {
 
 // The documented distance between shapes of one family (log space: a kernel's
 // best tiling depends on the scale of the work, not on its absolute size).
+// Larger than any shape distance (|ln| of 64-bit sizes stays below 90).
+constexpr double kFeatureMismatchRank = 1000.0;
+
 double shape_distance(int64_t b, int64_t d, int64_t l, const TunedEntry& e) {
   return std::fabs(std::log(double(b) * double(l)) - std::log(double(e.batch) * double(e.seqlen))) +
          std::fabs(std::log(double(d)) - std::log(double(e.dim)));
@@ -235,16 +238,21 @@ std::shared_ptr<const Decision> compute(const FwdArgs& a, Layout layout, int ali
       return d;
     }
   // Nearest tuned shape whose requirement the call meets; ties go to the earlier DB.
+  // Features are runtime flags of one kernel, so a winner tuned with other
+  // features is a valid kernel too: it is used only when no entry with the
+  // call's own features qualifies (each differing feature outweighs any shape distance).
   const TunedEntry* best = nullptr;
   const TunedSet* best_set = nullptr;
-  double best_distance = 0;
+  double best_rank = 0, best_distance = 0;
   for (const auto& set : sets)
     for (const TunedEntry& e : set->entries) {
-      if (e.family != family || e.features != features || align % e.variant->align_bytes != 0) continue;
+      if (e.family != family || align % e.variant->align_bytes != 0) continue;
       const double dist = shape_distance(p.batch, p.dim, p.seqlen, e);
-      if (!best || dist < best_distance) {
+      const double rank = dist + kFeatureMismatchRank * __builtin_popcount(e.features ^ features);
+      if (!best || rank < best_rank) {
         best = &e;
         best_set = set.get();
+        best_rank = rank;
         best_distance = dist;
       }
     }
@@ -254,7 +262,11 @@ std::shared_ptr<const Decision> compute(const FwdArgs& a, Layout layout, int ali
     d->source = best_set->path;
     d->matched_shape = best->shape_key;
     d->distance = best_distance;
-    d->detail = "nearest tuned shape of " + std::string(family) + skipped;
+    d->detail = "nearest tuned shape of " + std::string(family);
+    if (best->features != features)
+      d->detail += " (tuned with features [" + features_string(best->features) + "]; none tuned with [" +
+                   features_string(features) + "])";
+    d->detail += skipped;
     return d;
   }
   d->variant = std::shared_ptr<const KernelVariant>(std::shared_ptr<void>(), &catalog_choice(family, align));
