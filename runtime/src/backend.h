@@ -29,6 +29,11 @@ class Backend {
   // Device ordinal owning `ptr`, or -1 (not ours, host memory, or no driver).
   // Never throws and never loads a compiler.
   virtual int device_of_pointer(const void* ptr) noexcept = 0;
+  // Devices this vendor's driver sees; 0 when there is no driver. Never throws.
+  virtual int device_count() noexcept = 0;
+  // Ordinal of the calling thread's current device, or -1 when none is current
+  // (CUDA: no context current on this thread; no driver). Never throws.
+  virtual int current_device() noexcept = 0;
   virtual Dim3 max_grid(int device) = 0;
   // Loaded kernel `cc1d_kernel` for `hash` in the device's current context,
   // or nullptr. Cheap: a lookup, no allocation once loaded.

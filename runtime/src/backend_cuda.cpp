@@ -36,9 +36,11 @@ struct Driver {
   CUresult (*cuInit)(unsigned);
   CUresult (*cuGetErrorName)(CUresult, const char**);
   CUresult (*cuDeviceGet)(CUdevice*, int);
+  CUresult (*cuDeviceGetCount)(int*);
   CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice);
   CUresult (*cuPointerGetAttribute)(void*, int, unsigned long long);
   CUresult (*cuCtxGetCurrent)(CUcontext*);
+  CUresult (*cuCtxGetDevice)(CUdevice*);
   CUresult (*cuCtxSetCurrent)(CUcontext);
   CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice);
   CUresult (*cuModuleLoadData)(CUmodule*, const void*);
@@ -181,6 +183,21 @@ class CudaBackend final : public Backend {
     return ordinal;
   }
 
+  int device_count() noexcept override {
+    const Driver* d = driver_or_null();
+    int n = 0;
+    return d && d->cuDeviceGetCount(&n) == CUDA_SUCCESS ? n : 0;
+  }
+
+  int current_device() noexcept override {
+    const Driver* d = driver_or_null();
+    CUcontext ctx = nullptr;
+    CUdevice dev = 0;
+    if (!d || d->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx || d->cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+      return -1;
+    return dev;  // a CUdevice is the device's ordinal
+  }
+
   Dim3 max_grid(int device) override {
     std::lock_guard<std::mutex> lock(mu_);
     return device_info(device).max_grid;
@@ -269,9 +286,11 @@ class CudaBackend final : public Backend {
         d.lib.get(d.cuInit, "cuInit");
         d.lib.get(d.cuGetErrorName, "cuGetErrorName");
         d.lib.get(d.cuDeviceGet, "cuDeviceGet");
+        d.lib.get(d.cuDeviceGetCount, "cuDeviceGetCount");
         d.lib.get(d.cuDeviceGetAttribute, "cuDeviceGetAttribute");
         d.lib.get(d.cuPointerGetAttribute, "cuPointerGetAttribute");
         d.lib.get(d.cuCtxGetCurrent, "cuCtxGetCurrent");
+        d.lib.get(d.cuCtxGetDevice, "cuCtxGetDevice");
         d.lib.get(d.cuCtxSetCurrent, "cuCtxSetCurrent");
         d.lib.get(d.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
         d.lib.get(d.cuModuleLoadData, "cuModuleLoadData");

@@ -38,6 +38,7 @@ struct Hip {
   const char* (*hipGetErrorName)(hipError_t);
   hipError_t (*hipRuntimeGetVersion)(int*);
   hipError_t (*hipGetDevice)(int*);
+  hipError_t (*hipGetDeviceCount)(int*);
   hipError_t (*hipSetDevice)(int);
   hipError_t (*hipDeviceGetAttribute)(int*, int, int);
   hipError_t (*hipGetDeviceProperties)(void*, int);  // R0600 symbol when present
@@ -220,6 +221,18 @@ class HipBackend final : public Backend {
     return ordinal;
   }
 
+  int device_count() noexcept override {
+    const Hip* h = hip_or_null();
+    int n = 0;
+    return h && h->hipGetDeviceCount(&n) == hipSuccess ? n : 0;
+  }
+
+  int current_device() noexcept override {
+    const Hip* h = hip_or_null();
+    int d = -1;
+    return h && h->hipGetDevice(&d) == hipSuccess ? d : -1;
+  }
+
   Dim3 max_grid(int device) override {
     std::lock_guard<std::mutex> lock(mu_);
     return device_info(device).max_grid;
@@ -301,6 +314,7 @@ class HipBackend final : public Backend {
         h.lib.get(h.hipGetErrorName, "hipGetErrorName");
         h.lib.get(h.hipRuntimeGetVersion, "hipRuntimeGetVersion");
         h.lib.get(h.hipGetDevice, "hipGetDevice");
+        h.lib.get(h.hipGetDeviceCount, "hipGetDeviceCount");
         h.lib.get(h.hipSetDevice, "hipSetDevice");
         h.lib.get(h.hipDeviceGetAttribute, "hipDeviceGetAttribute");
         // ROCm 6 renamed the current layout's entry point; the plain name keeps the old layout.

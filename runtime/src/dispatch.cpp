@@ -147,6 +147,11 @@ double shape_distance(int64_t b, int64_t d, int64_t l, const TunedEntry& e) {
          std::fabs(std::log(double(d)) - std::log(double(e.dim)));
 }
 
+// ---- counters (dispatch_stats): what a warmed-up call must not do again ------
+
+std::atomic<uint64_t> g_decisions{0};  // decisions computed (memo misses)
+std::atomic<uint64_t> g_loads{0};      // kernels loaded into a context (compile-cache lookups)
+
 // ---- decisions --------------------------------------------------------------
 
 struct Decision {
@@ -303,6 +308,7 @@ class Dispatcher {
     }
     // Outside the lock: a first decision may read DB files.
     std::shared_ptr<const Decision> d = compute(a, layout, align, archs().name(arch_id), chain);
+    g_decisions.fetch_add(1, std::memory_order_relaxed);
     bool fresh = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -385,12 +391,14 @@ unsigned grid_dim(int64_t n, int tile, unsigned max) {
   return g > int64_t(max) ? max : unsigned(g);
 }
 
-void launch_on(const Location& l, const KernelVariant& v, const FwdArgs& a) {
+// The variant's kernel in the device's current context: compiled (through the
+// compile cache) and loaded on first use there.
+void* function_on(const Location& l, const KernelVariant& v) {
   Backend* backend = l.backend;
   const int device = l.device;
   void* function = backend->find_function(device, v.hash);
   if (!function) {
-    // First launch of this variant in this context: the only slow path.
+    // First use of this variant in this context: the only slow path.
     const std::string actual = sha256_hex(v.source);
     if (actual != v.hash)
       throw InvalidArgument("variant " + v.key + ": hash " + v.hash + " does not match its source (sha256 " +
@@ -398,13 +406,58 @@ void launch_on(const Location& l, const KernelVariant& v, const FwdArgs& a) {
     const std::string target = backend->device_target(device);
     CompileResult r = compile_cached(*backend, v.source, target, {});
     function = backend->load_function(device, v.hash, r.binary, v.smem_bytes);
+    g_loads.fetch_add(1, std::memory_order_relaxed);
   }
+  return function;
+}
+
+void launch_on(const Location& l, const KernelVariant& v, const FwdArgs& a) {
+  Backend* backend = l.backend;
+  const int device = l.device;
+  void* function = function_on(l, v);
   const Dim3 max = backend->max_grid(device);
   const Dim3 grid{grid_dim(a.p.seqlen, v.tile_l, max.x), grid_dim(a.p.dim, v.tile_d, max.y),
                   grid_dim(a.p.batch, 1, max.z)};
   FwdParams params = a.p;
   backend->launch(function, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), a.stream, &params,
                   sizeof params);
+}
+
+// The device prepare_fwd loads for (see cc1d.h).
+Location prepare_location(const void* x, int device) {
+  if (device < 0) {
+    if (Location l = locate(x); l.device >= 0) return l;
+  }
+  for (Backend* b : {&cuda_backend(), &hip_backend()}) {
+    const int n = b->device_count();
+    if (n == 0) continue;
+    const int current = b->current_device();
+    if (device < 0) return {b, current >= 0 ? current : 0};  // none current: device 0, as the runtime API does
+    if (device >= n)
+      throw InvalidArgument("device must be a " + std::string(b->vendor()) + " device ordinal in [0, " +
+                            std::to_string(n) + "), got " + std::to_string(device));
+    // Kernels load into the current context: the calls must find them there.
+    if (current >= 0 && current != device)
+      throw InvalidArgument("device " + std::to_string(device) + " is not the calling thread's current device (" +
+                            std::to_string(current) + "): make it current first (cudaSetDevice, "
+                            "torch.cuda.device), so the kernel loads where the calls will look for it");
+    return {b, device};
+  }
+  throw BackendError("prepare_fwd: no GPU to prepare for: no CUDA or HIP driver with a device is available");
+}
+
+Explanation explanation_of(const Decision& d) {
+  Explanation e;
+  e.variant = *d.variant;
+  e.reason = d.reason;
+  e.source = d.source;
+  e.matched_shape = d.matched_shape;
+  e.arch = d.arch;
+  e.call_shape = d.call_shape;
+  e.alignment = d.alignment;
+  e.distance = d.distance;
+  e.detail = d.detail;
+  return e;
 }
 
 void check_variant_shape(const KernelVariant& v) {
@@ -431,18 +484,20 @@ KernelVariant select_fwd(const FwdArgs& args, const std::string& arch) {
 }
 
 Explanation explain_fwd(const FwdArgs& args, const std::string& arch) {
-  const std::shared_ptr<const Decision> d = decide_for(args, arch);
-  Explanation e;
-  e.variant = *d->variant;
-  e.reason = d->reason;
-  e.source = d->source;
-  e.matched_shape = d->matched_shape;
-  e.arch = d->arch;
-  e.call_shape = d->call_shape;
-  e.alignment = d->alignment;
-  e.distance = d->distance;
-  e.detail = d->detail;
-  return e;
+  return explanation_of(*decide_for(args, arch));
+}
+
+Explanation prepare_fwd(const FwdArgs& args, int device) {
+  const Layout layout = validate_fwd(args);
+  const Location l = prepare_location(args.p.x, device);
+  const std::shared_ptr<const Decision> d =
+      dispatcher().decide(args, layout, fwd_alignment(args, layout), arch_id_of(l));
+  function_on(l, *d->variant);
+  return explanation_of(*d);
+}
+
+DispatchStats dispatch_stats() {
+  return {g_decisions.load(std::memory_order_relaxed), g_loads.load(std::memory_order_relaxed)};
 }
 
 void set_tuning_dbs(const std::vector<std::string>& paths) { dispatcher().set_caller_dbs(paths); }

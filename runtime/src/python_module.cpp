@@ -78,6 +78,21 @@ KernelVariant variant_from(const py::dict& d) {
   return v;
 }
 
+py::dict explanation_dict(const Explanation& e) {
+  py::dict d;
+  d["variant"] = variant_dict(e.variant);
+  d["key"] = e.variant.key;
+  d["reason"] = e.reason;
+  d["source"] = e.source;
+  d["matched_shape"] = e.matched_shape;
+  d["arch"] = e.arch;
+  d["shape"] = e.call_shape;
+  d["alignment"] = e.alignment;
+  d["distance"] = e.reason == "default" ? py::object(py::none()) : py::object(py::float_(e.distance));
+  d["detail"] = e.detail;
+  return d;
+}
+
 // Holds the Python callable; calls and drops it with the GIL held, and leaks
 // it if the interpreter is already gone at process exit.
 struct PyLogHandler {
@@ -182,24 +197,39 @@ PYBIND11_MODULE(_cc1d, m) {
           py::gil_scoped_release nogil;  // a first decision may read DB files
           e = cc1d::explain_fwd(a, arch);
         }
-        py::dict d;
-        d["variant"] = variant_dict(e.variant);
-        d["key"] = e.variant.key;
-        d["reason"] = e.reason;
-        d["source"] = e.source;
-        d["matched_shape"] = e.matched_shape;
-        d["arch"] = e.arch;
-        d["shape"] = e.call_shape;
-        d["alignment"] = e.alignment;
-        d["distance"] = e.reason == "default" ? py::object(py::none()) : py::object(py::float_(e.distance));
-        d["detail"] = e.detail;
-        return d;
+        return explanation_dict(e);
       },
       py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
       py::arg("silu"), py::arg("stream") = 0, py::arg("arch") = "",
       "explain_fwd(<fwd's arguments>, arch='') -> dict: the variant the dispatcher picks and why "
       "(reason exact|nearest|default, source DB path or 'catalog', matched_shape, distance, detail). "
       "arch='' takes the target of x's device. Touches no memory.");
+
+  m.def(
+      "prepare_fwd",
+      [](const Ptrs& ptrs, const Sizes& sizes, const Strides& strides, int x_dtype, int w_dtype, bool silu,
+         int device) {
+        const FwdArgs a = make_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, 0);
+        Explanation e;
+        {
+          py::gil_scoped_release nogil;  // may compile
+          e = cc1d::prepare_fwd(a, device);
+        }
+        return explanation_dict(e);
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
+      py::arg("silu"), py::arg("device") = -1,
+      "prepare_fwd(<fwd's arguments but stream>, device=-1) -> dict like explain_fwd's: decide, compile and "
+      "load the kernel such a call uses, launching nothing and touching no memory (pointers only carry "
+      "alignment). device=-1: the device owning x, else the current one.");
+
+  m.def("dispatch_stats", [] {
+    const DispatchStats s = cc1d::dispatch_stats();
+    py::dict d;
+    d["decisions"] = s.decisions;
+    d["loads"] = s.loads;
+    return d;
+  }, "Counters: dispatch decisions computed (memo misses) and kernels loaded into a context, so far.");
 
   m.def("set_tuning_dbs", &cc1d::set_tuning_dbs, py::arg("paths"), py::call_guard<py::gil_scoped_release>(),
         "DB files searched first by the dispatcher (replaces the previous list).");

@@ -125,6 +125,10 @@ void test_no_driver() {
     check(std::string(e.what()).find("no GPU backend owns pointer") != std::string::npos,
           std::string("no-driver launch error: ") + e.what());
   }
+  check_throws<cc1d::BackendError>([&a] { cc1d::prepare_fwd(a); }, "no GPU to prepare for",
+                                   "prepare_fwd without a GPU");
+  check_throws<cc1d::InvalidArgument>([&a] { auto b = a; b.width = 1; cc1d::prepare_fwd(b); },
+                                      "width must be in [2, 8], got 1", "prepare_fwd checks the arguments first");
   try {
     cc1d::device_target("cuda", 0);
     check(false, "device_target without a driver must throw");
@@ -195,8 +199,13 @@ void test_gpu_forward() {
     a.p.w_dim_stride = W; a.p.w_width_stride = 1; a.p.bias_stride = 1; a.p.silu = 1;
     a.width = W;
     const std::string key = cc1d::select_fwd(a).key;
+    check(cc1d::prepare_fwd(a).variant.key == key, "prepare_fwd loads the kernel select_fwd names");
+    const cc1d::DispatchStats before = cc1d::dispatch_stats();
     cc1d::causal_conv1d_fwd(a);
     cc1d::causal_conv1d_fwd(a);  // second call: cache hits only
+    const cc1d::DispatchStats after = cc1d::dispatch_stats();
+    check(after.decisions == before.decisions && after.loads == before.loads,
+          "calls after prepare_fwd decide, compile and load nothing");
     std::vector<float> out(x.size());
     check(cuCtxSynchronize() == 0, "kernel ran: " + key);
     cuMemcpyDtoH(out.data(), dout, out.size() * 4);

@@ -81,6 +81,31 @@ struct Explanation {
 };
 Explanation explain_fwd(const FwdArgs& args, const std::string& arch = "");
 
+// Gets calls ready without running one (warm-up before CUDA-graph capture or
+// a latency-bound loop): checks `args`, makes and memoises the dispatch
+// decision a causal_conv1d_fwd call with these arguments makes, compiles the
+// kernel (compile cache) and loads it into the device's current context.
+// Launches nothing and never touches the memory `args` points to: only the
+// pointers' and strides' alignment matters, so stand-in addresses with the
+// alignment of the real buffers do (a fresh cudaMalloc is 256-byte aligned).
+// `device`: the ordinal to load for; -1 = the device owning args.p.x if it is
+// device memory, else the calling thread's current device (device 0 if none).
+// An explicit device must be the current one if a context is current (kernels
+// load into the current context). Afterwards, calls with the same sizes,
+// dtypes, width, features (bias, silu, seq_idx, states) and alignment class
+// compile, load, allocate and synchronise nothing: they can be captured (until
+// set_tuning_dbs, set_package_dir or clear_dispatch_cache forget decisions).
+// Returns the decision, as explain_fwd does. Throws BackendError without a GPU.
+Explanation prepare_fwd(const FwdArgs& args, int device = -1);
+
+// Process-wide counters, for checking that a warm-up covered what followed:
+// a call that adds to either did work a CUDA-graph capture cannot hold.
+struct DispatchStats {
+  uint64_t decisions = 0;  // dispatch decisions computed (memo misses, explain_fwd included)
+  uint64_t loads = 0;      // kernels loaded into a context (each after a compile-cache lookup)
+};
+DispatchStats dispatch_stats();
+
 // DBs searched before CC1D_TUNING_DB and the user's DB; replaces the previous list.
 void set_tuning_dbs(const std::vector<std::string>& paths);
 // Folder holding tuning_db/<arch>.db (the Python package sets its own; C++
