@@ -16,9 +16,10 @@ _TORCH_API = {
     "causal_conv1d_fn": "cc1d.ops",
     "causal_conv1d_ref": "cc1d.reference",
     "explain": "cc1d.ops",
+    "warmup": "cc1d._warmup",
 }
 
-__all__ = [*_TORCH_API, "set_tuning_db", "__version__"]
+__all__ = [*_TORCH_API, "set_tuning_db", "dispatch_stats", "__version__"]
 
 
 def set_tuning_db(*paths: "str | os.PathLike[str]") -> None:
@@ -28,6 +29,14 @@ def set_tuning_db(*paths: "str | os.PathLike[str]") -> None:
     unreadable is skipped with one warning."""
     from ._runtime import runtime
     runtime().set_tuning_dbs([os.fspath(p) for p in paths])
+
+
+def dispatch_stats() -> dict[str, int]:
+    """Process-wide counters: ``decisions`` (dispatch decisions computed, i.e. memo
+    misses) and ``loads`` (kernels loaded into a GPU context). A call that adds to
+    either did work that a CUDA-graph capture cannot hold: ``cc1d.warmup`` it first."""
+    from ._runtime import runtime
+    return dict(runtime().dispatch_stats())
 
 
 def __getattr__(name: str) -> Any:
