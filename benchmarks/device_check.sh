@@ -16,4 +16,5 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 python3 -P -m pytest -q -m gpu -p no:cacheprovider "$@" 2>&1 | tee "$OUT/gpu_tests.log" | tail -60
 if [ -z "${SKIP_BENCH:-}" ]; then
   python3 benchmarks/bench_fwd.py --out "$OUT/bench_fwd.json" 2>&1 | tee "$OUT/bench_fwd.log"
+  python3 benchmarks/bench_overhead.py --out "$OUT/bench_overhead.json" 2>&1 | tee "$OUT/bench_overhead.log"
 fi

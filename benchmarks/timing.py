@@ -7,6 +7,7 @@ the graph's replays are timed with CUDA events; the median per call is kept.
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Callable, Sequence
 
 import torch
@@ -56,6 +57,21 @@ def _eager_time_us(fn: Callable[[], object], reps: int = 20) -> float:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000.0 / reps)
+    return statistics.median(times)
+
+
+def host_time_us(fn: Callable[[], object], calls: int = 20000, rounds: int = 5) -> float:
+    """Median over `rounds` of the wall time per call of `calls` back-to-back eager
+    calls, synchronised once at the end: the host's cost per call when the GPU
+    keeps up (for tiny kernels it does), else the GPU's."""
+    times = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e6 / calls)
     return statistics.median(times)
 
 

@@ -1,0 +1,126 @@
+"""Host overhead of a forward call: wall time per call of back-to-back eager calls
+on a tiny shape after warm-up (synchronised once, at the end), through
+cc1d.causal_conv1d_fn, through the bare runtime call cc1d._cc1d.fwd (arguments
+built once), through Dao-AILab causal_conv1d_fn when installed, and a one-kernel
+torch op for scale. The graph-timed device time of the same cc1d call says
+whether a row is bound by the host (wall time above it) or by the GPU.
+
+    python benchmarks/bench_overhead.py [--out overhead.json] [--calls 20000] [--rounds 5]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+
+import torch
+
+import cc1d
+from cc1d import ops
+from cc1d._runtime import runtime
+from timing import graph_time_us, host_time_us
+
+WIDTH = 4
+SHAPE = (1, 64, 128)  # (batch, dim, seqlen): a kernel shorter than a launch
+DTYPE = torch.bfloat16
+
+
+def _peer():
+    try:
+        from causal_conv1d import causal_conv1d_fn as peer
+        return peer
+    except ImportError:
+        return None
+
+
+def _inputs(layout: str):
+    b, d, n = SHAPE
+    x = (torch.randn(b, d, n, device="cuda", dtype=DTYPE) if layout == "cf"
+         else torch.randn(b, n, d, device="cuda", dtype=DTYPE).transpose(1, 2))
+    w = torch.randn(d, WIDTH, device="cuda", dtype=DTYPE) / WIDTH ** 0.5
+    bias = torch.randn(d, device="cuda", dtype=DTYPE)
+    return x, w, bias
+
+
+def _bare_call(x, w, bias):
+    """cc1d._cc1d.fwd with its arguments built once: the C++ dispatch + launch alone."""
+    out = torch.empty_like(x)
+    args = ops._fwd_call_args(x, w, bias, None, None, None, out, True,
+                              torch.cuda.current_stream().cuda_stream)
+    fwd = runtime().fwd
+    return lambda: fwd(*args)
+
+
+def cases(peer):
+    """(name, layout, fn, graphable) of every path timed. The bare call keeps the
+    stream it was built with, so it cannot be captured on the timing graph's."""
+    out = []
+    for layout in ("cf", "cl"):
+        x, w, bias = _inputs(layout)
+        out.append(("cc1d.causal_conv1d_fn", layout,
+                    lambda x=x, w=w, bias=bias: cc1d.causal_conv1d_fn(x, w, bias, activation="silu"), True))
+        out.append(("cc1d._cc1d.fwd (bare runtime call)", layout, _bare_call(x, w, bias), False))
+        if peer is not None:
+            out.append(("causal_conv1d.causal_conv1d_fn", layout,
+                        lambda x=x, w=w, bias=bias: peer(x, w, bias, activation="silu"), True))
+    x, _, _ = _inputs("cf")
+    y = torch.empty_like(x)
+    out.append(("torch.mul(x, 1, out=y) (one kernel, for scale)", "cf", lambda: torch.mul(x, 1.0, out=y), True))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--calls", type=int, default=20000, help="calls per timed round")
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds (the median is kept)")
+    args = ap.parse_args()
+    if args.calls < 1 or args.rounds < 1:
+        ap.error(f"--calls and --rounds: expected positive numbers, got {args.calls} and {args.rounds}")
+    peer = _peer()
+    explained = {layout: cc1d.warmup([SHAPE], dtype=DTYPE, weight_dtype=DTYPE, width=WIDTH, layout=layout)[0]
+                 for layout in ("cf", "cl")}
+    rows = []
+    for name, layout, fn, graphable in cases(peer):
+        row = dict(path=name, layout=layout)
+        try:
+            for _ in range(100):  # warm: first-call work (peer's included), clocks
+                fn()
+            torch.cuda.synchronize()
+            before = cc1d.dispatch_stats()
+            row["host_us"] = host_time_us(fn, args.calls, args.rounds)
+            if graphable:
+                row["device_us"] = graph_time_us([fn])
+            if name.startswith("cc1d"):
+                row["warm"] = cc1d.dispatch_stats() == before  # no decision or load while timed
+        except Exception as exc:  # the peer rejects some layouts
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        rows.append(row)
+
+    dev = torch.cuda.get_device_name()
+    print(f"\n{dev}; torch {torch.__version__}; python {platform.python_version()}; shape "
+          f"(batch, dim, seqlen) = {SHAPE} {str(DTYPE).replace('torch.', '')}, width {WIDTH}, bias, SiLU; "
+          f"{args.calls} calls x {args.rounds} rounds (median); causal_conv1d "
+          f"{'installed' if peer else 'not installed'}\n")
+    print("| path | layout | host µs per call | device µs per call (graph) |")
+    print("|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['path']} | {r['layout']} | {r['error']} | — |")
+        else:
+            warm = "" if r.get("warm", True) else " (NOT warm: decided or loaded while timed)"
+            device = f"{r['device_us']:.2f}" if "device_us" in r else "— (same kernel as above)"
+            print(f"| {r['path']} | {r['layout']} | {r['host_us']:.2f}{warm} | {device} |")
+    for layout, e in explained.items():
+        print(f"\ncc1d {layout}: {e['key']} ({e['reason']}, from {e['source']})")
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(dict(device=dev, host=platform.node(), torch=torch.__version__, shape=list(SHAPE),
+                           dtype=str(DTYPE), width=WIDTH, calls=args.calls, rounds=args.rounds,
+                           peer_installed=peer is not None, rows=rows,
+                           dispatch={k: {f: e[f] for f in ("key", "reason", "source")}
+                                     for k, e in explained.items()}), fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
