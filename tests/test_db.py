@@ -198,3 +198,75 @@ def test_validate_catches_a_consistently_forged_source(tmp_path):
         db.put_winner(forged, **{**winner_row(v), "source_hash": sha256(forged)})
         problems = db.validate()
     assert len(problems) == 1 and "re-rendering" in problems[0]
+
+
+# ---- read-only use and finalizing for shipping ------------------------------------
+
+def _journal_mode(path) -> str:
+    con = sqlite3.connect(path)
+    try:
+        return con.execute("PRAGMA journal_mode").fetchone()[0]
+    finally:
+        con.close()
+
+
+def test_finalize_makes_one_self_contained_file(tmp_path):
+    path = tmp_path / "ship.db"
+    with _filled(path) as db:
+        assert (tmp_path / "ship.db-wal").exists()
+        db.finalize()
+        assert db.validate() == []
+    assert _journal_mode(path) == "delete"
+    assert not (tmp_path / "ship.db-wal").exists() and not (tmp_path / "ship.db-shm").exists()
+    with TuningDB(path, readonly=True) as db:  # readers leave it as it is
+        assert len(db.winners()) == 2 and db.validate() == []
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            db.conn.execute("DELETE FROM winners")
+    assert _journal_mode(path) == "delete"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ship.db"]
+
+
+def test_finalize_refuses_while_another_connection_is_open(tmp_path):
+    path = tmp_path / "busy.db"
+    with _filled(path) as db, TuningDB(path) as other:
+        other.winners()
+        with pytest.raises(DBError, match="journal_mode=DELETE"):
+            db.finalize()
+
+
+def test_readonly_refusals(tmp_path):
+    with pytest.raises(DBError, match="does not exist"):
+        TuningDB(tmp_path / "none.db", readonly=True)
+    con = sqlite3.connect(tmp_path / "other.db")
+    con.execute("CREATE TABLE t (a)")
+    con.commit()
+    con.close()
+    with pytest.raises(DBError, match=r"lacks the tables \['meta', 'sources', 'winners'\]"):
+        TuningDB(tmp_path / "other.db", readonly=True)
+    with _filled(tmp_path / "a.db") as db:
+        db.conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+    with pytest.raises(DBError, match="newer than this cc1d's"):
+        TuningDB(tmp_path / "a.db", readonly=True)
+    with _filled(tmp_path / "b.db") as db, pytest.raises(DBError, match="read-only"):
+        TuningDB(tmp_path / "b.db", readonly=True).finalize()
+
+
+def test_compile_problems_compiles_each_source_once_per_arch(tmp_path):
+    compiled = []
+    cl = default_variant(families("fwd", "cl")[3])  # _filled stores it once; it "fails to compile"
+
+    def fake_compile(source, arch):
+        compiled.append((sha256(source), arch))
+        if sha256(source) == cl.hash():
+            raise RuntimeError("NVRTC failed\ncc1d_kernel.cu(3): error: injected")
+
+    with _filled(tmp_path / "a.db") as db:
+        put(db, cl, shape_key="b9.d64.l128.bias.silu")  # the same source a second time
+        put(db, cl, shape_key="b9.d64.l128.bias.silu", arch="sm_80")
+        problems = db.compile_problems(fake_compile, workers=2)
+        assert sorted(compiled) == sorted(set(compiled)) and len(compiled) == 3
+        assert db.compile_problems(fake_compile, archs=["sm_80"]) == problems[:1]
+    cl_fails = [p for p in problems if "error: injected" in p]
+    assert len(problems) == len(cl_fails) == 2, problems
+    assert problems[0].startswith("sm_80 ") and "does not compile for sm_80" in problems[0]
+    assert "b1.d64.l128.bias.silu" in problems[1] and "b9.d64.l128.bias.silu" in problems[1]

@@ -126,6 +126,53 @@ def test_db_subcommands(tmp_path, capsys):
     assert code == 2 and "does not exist" in err
 
 
+def _one_winner_db(path, arch="sm_90"):
+    v = default_variant(families("fwd", "cf")[0])
+    with TuningDB(path) as db:
+        db.put_winner(v.source, arch=arch, family_key=v.family.key(), shape_key="b1.d64.l8.bias.silu",
+                      op="fwd", batch=1, dim=64, seqlen=8, features="bias,silu", variant_key=v.key(),
+                      config=v.params, **v.geometry(), time_us=3.5, environment={})
+        db.add_trial(run_id="r", arch=arch, family_key=v.family.key(), shape_key="b1.d64.l8.bias.silu",
+                     variant_key=v.key(), config=v.params, status="ok", time_us=3.5)
+    return path
+
+
+def test_db_finalize_for_shipping(tmp_path, capsys):
+    import sqlite3
+    path = _one_winner_db(tmp_path / "sm_90.db")
+    code, out, err = run(["db", "finalize", "--db", path, "--drop-trials"], capsys)
+    assert code == 0, out + err
+    assert f"finalized {path}: 1 winners, journal_mode=delete" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sm_90.db"]
+    con = sqlite3.connect(path)
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    assert con.execute("SELECT count(*) FROM trials").fetchone()[0] == 0
+    con.close()
+    # the readers (show, export, validate) leave it as it is
+    for cmd in (["show"], ["export", "-o", tmp_path / "x.jsonl"], ["validate"]):
+        assert run(["db", *cmd, "--db", path], capsys)[0] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sm_90.db", "x.jsonl"]
+
+
+def test_db_finalize_refuses_an_invalid_db(tmp_path, capsys):
+    path = _one_winner_db(tmp_path / "bad.db")
+    with TuningDB(path) as db:
+        db.conn.execute("UPDATE sources SET source = 'evil'")
+    code, out, _ = run(["db", "finalize", "--db", path], capsys)
+    assert code == 1 and "INVALID" in out and "not finalized: 2 problems" in out
+    code, _, err = run(["db", "finalize", "--db", tmp_path / "none.db"], capsys)
+    assert code == 2 and "does not exist" in err
+
+
+def test_db_validate_compile(nvrtc_rt, tmp_path, capsys):
+    path = _one_winner_db(tmp_path / "t.db")
+    code, out, err = run(["db", "validate", "--compile", "--db", path], capsys)
+    assert code == 0 and "1 winners checked in" in out and "(and compiled): 0 problems" in out, out + err
+    path = _one_winner_db(tmp_path / "bad_arch.db", arch="sm_9")  # no such GPU: NVRTC refuses it
+    code, out, _ = run(["db", "validate", "--compile", "--db", path], capsys)
+    assert code == 1 and "does not compile for sm_9" in out, out
+
+
 def test_python_dash_m_entry_point():
     proc = subprocess.run([sys.executable, "-P", "-m", "cc1d.tuner", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "--compile-only" in proc.stdout

@@ -29,7 +29,7 @@ class UsageError(Exception):
 def tune_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cc1d-tune", description="Search per-shape kernel configs on the local GPU and store the "
-        "winners in the cc1d tuning DB. Also: cc1d-tune db show|export|import|merge|validate.")
+        "winners in the cc1d tuning DB. Also: cc1d-tune db show|export|import|merge|validate|finalize.")
     p.add_argument("--arch", default="auto", help="target (sm_90, gfx942, ...) or 'auto' = the visible "
                    "device's (default); must match the device unless --compile-only")
     p.add_argument("--shapes", required=True, help="shapes.yaml (see examples/shapes.yaml)")
@@ -58,9 +58,18 @@ def db_parser() -> argparse.ArgumentParser:
     for name, doc in (("show", "list the winners"), ("export", "write sorted JSON lines"),
                       ("import", "load JSON lines"), ("merge", "take winners (where faster) and trials "
                                                       "from other DBs"),
-                      ("validate", "check every winner: source hash, epoch, re-rendered source")):
+                      ("validate", "check every winner: source hash, epoch, re-rendered source"),
+                      ("finalize", "validate, then make the DB one self-contained file for shipping "
+                                   "(VACUUM, WAL folded in, journal_mode=DELETE)")):
         s = sub.add_parser(name, help=doc)
         s.add_argument("--db", default=None, help=f"tuning DB (default: {default_db_path()})")
+        if name == "validate":
+            s.add_argument("--compile", action="store_true",
+                           help="also compile every winner for its arch (NVRTC / hipRTC, no GPU needed)")
+        if name == "finalize":
+            s.add_argument("--drop-trials", action="store_true",
+                           help="delete the trials table's rows first (the runtime reads only winners and "
+                                "sources; keep the tuning run's own DB or an export as its record)")
         if name == "show":
             s.add_argument("--arch")
         if name == "export":
@@ -241,7 +250,9 @@ def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], Devi
 def db_main(argv: Sequence[str]) -> int:
     args = db_parser().parse_args(argv)
     path = Path(args.db) if args.db else default_db_path()
-    with TuningDB(path, create=args.cmd in ("import", "merge")) as db:
+    # Readers never change the file: a finalized DB stays in rollback-journal mode.
+    with TuningDB(path, create=args.cmd in ("import", "merge"),
+                  readonly=args.cmd in ("show", "export", "validate")) as db:
         if args.cmd == "show":
             rows = db.winners(args.arch)
             for w in rows:
@@ -265,15 +276,41 @@ def db_main(argv: Sequence[str]) -> int:
         elif args.cmd == "merge":
             n = 0
             for f in args.inputs:
-                with TuningDB(f, create=False) as other:
+                with TuningDB(f, readonly=True) as other:
                     n += db.merge_from(other)
             print(f"merged {n} winners into {path}")
         elif args.cmd == "validate":
             problems = db.validate()
+            if args.compile:
+                rt = _runtime()
+                problems += db.compile_problems(lambda src, arch: rt.compile(src, arch),
+                                                workers=os.cpu_count() or 1)
             for p in problems:
                 print(f"INVALID {p}")
-            print(f"{len(db.winners())} winners checked in {path}: {len(problems)} problems")
+            print(f"{len(db.winners())} winners checked in {path}{' (and compiled)' if args.compile else ''}: "
+                  f"{len(problems)} problems")
             return 1 if problems else 0
+        elif args.cmd == "finalize":
+            problems = db.validate()
+            for p in problems:
+                print(f"INVALID {p}")
+            if problems:
+                print(f"not finalized: {len(problems)} problems in {path} (a shipped DB must validate)")
+                return 1
+            if args.drop_trials:
+                with db.transaction():
+                    db.conn.execute("DELETE FROM trials")
+            db.finalize()
+            n = len(db.winners())
+    if args.cmd == "finalize":
+        left = [p.name for p in (path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm"))
+                if p.exists()]
+        if left:  # another connection kept them; the file may still miss its last commits
+            print(f"cc1d-tune: error: {', '.join(left)} still beside {path}: close every other user of it "
+                  f"and run finalize again", file=sys.stderr)
+            return 1
+        print(f"finalized {path}: {n} winners, journal_mode=delete, {path.stat().st_size // 1024} KiB, "
+              f"nothing beside it")
     return 0
 
 

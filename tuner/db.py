@@ -3,7 +3,9 @@ export/import as sorted JSON lines, merge, and validation of every entry.
 
 Several tuner processes may write one DB at once (WAL mode, busy timeout); a
 winner and its source are written in one transaction, so a killed tuner never
-leaves a half-written winner.
+leaves a half-written winner. A DB for shipping is finalized into one
+self-contained file (rollback-journal mode, no -wal/-shm beside it); readers
+open it read-only, which leaves it as it is.
 """
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ import logging
 import os
 import sqlite3
 import time
+import urllib.parse
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterable, Iterator
 
 from ..generator import EPOCH, Family, Variant, arch_info
 
@@ -66,17 +70,24 @@ def family_from_key(key: str) -> Family:
 
 
 class TuningDB:
-    """One open tuning DB. ``TuningDB(path)`` creates it if missing."""
+    """One open tuning DB. ``TuningDB(path)`` creates it if missing (and switches it
+    to WAL mode); ``readonly=True`` opens an existing one for reading and changes
+    nothing in it (a finalized, shipped DB stays in rollback-journal mode)."""
 
-    def __init__(self, path: str | Path, *, create: bool = True) -> None:
+    def __init__(self, path: str | Path, *, create: bool = True, readonly: bool = False) -> None:
         self.path = Path(path)
-        if not self.path.exists() and not create:
+        self.readonly = readonly
+        if not self.path.exists() and (not create or readonly):
             raise DBError(f"tuning DB {self.path} does not exist")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a writer takes the
-        # write lock up front and waits (busy_timeout) instead of failing on upgrade.
-        self.conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_MS / 1000,
-                                    isolation_level=None)
+        if readonly:
+            uri = "file:" + urllib.parse.quote(str(self.path.resolve())) + "?mode=ro"
+            self.conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a writer takes the
+            # write lock up front and waits (busy_timeout) instead of failing on upgrade.
+            self.conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_MS / 1000,
+                                        isolation_level=None)
         self.conn.row_factory = sqlite3.Row
         try:
             self._check_and_init()
@@ -107,6 +118,9 @@ class TuningDB:
         if ok != "ok":
             raise DBError(f"tuning DB {self.path} fails PRAGMA integrity_check ({ok}); refusing to "
                           f"write to it: restore it from an export, or move it aside")
+        if self.readonly:
+            self._check_readable()
+            return
         if self.conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             self.conn.execute("PRAGMA journal_mode = WAL")
         with self.transaction():
@@ -120,6 +134,16 @@ class TuningDB:
             self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
                               (str(SCHEMA_VERSION),))
             self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('generator_epoch', ?)", (str(EPOCH),))
+
+    def _check_readable(self) -> None:
+        tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        missing = sorted({"meta", "sources", "winners"} - tables)
+        if missing:
+            raise DBError(f"tuning DB {self.path} lacks the tables {missing}: not a cc1d tuning DB")
+        version = int(self.meta().get("schema_version", 0))
+        if version > SCHEMA_VERSION:
+            raise DBError(f"tuning DB {self.path} has schema version {version}, newer than this "
+                          f"cc1d's {SCHEMA_VERSION}: upgrade cc1d")
 
     def meta(self) -> dict[str, str]:
         return {r["key"]: r["value"] for r in self.conn.execute("SELECT key, value FROM meta")}
@@ -271,6 +295,49 @@ class TuningDB:
             if reason:
                 problems.append(f"{name}: {v.key()} is invalid for {w['arch']}: {reason}")
         return problems
+
+
+    def compile_problems(self, compile: Callable[[str, str], object], archs: Iterable[str] | None = None,
+                         workers: int = 1) -> list[str]:
+        """Compile each distinct winner source once per arch (``compile(source, arch)``
+        raising on failure), for the archs given (default: all stored); a line per failure."""
+        todo: dict[tuple[str, str], list[str]] = {}
+        for w in self.winners():
+            if archs is None or w["arch"] in archs:
+                todo.setdefault((w["arch"], w["source_hash"]), []).append(
+                    f"{w['arch']} {w['family_key']} {w['shape_key']} ({w['variant_key']})")
+
+        sources = {h: self.source(h) for _, h in todo}  # read here: the connection stays in this thread
+
+        def one(item: tuple[tuple[str, str], list[str]]) -> str | None:
+            (arch, source_hash), names = item
+            src = sources[source_hash]
+            if src is None:
+                return f"{names[0]}: source {source_hash[:12]} missing"
+            try:
+                compile(src, arch)
+            except Exception as exc:  # the compiler's message is the finding
+                first = next((ln for ln in str(exc).splitlines() if "error" in ln.lower()), str(exc)[:300])
+                return f"{', '.join(names)}: does not compile for {arch}: {first.strip()}"
+            return None
+
+        with ThreadPoolExecutor(max(1, workers)) as pool:
+            return [p for p in pool.map(one, sorted(todo.items())) if p]
+
+    def finalize(self) -> None:
+        """Make the file ready to ship: VACUUM it, fold the WAL into it and switch it to
+        rollback-journal mode, so it is one self-contained file that read-only readers
+        (the runtime, in a read-only site-packages) open with nothing beside it."""
+        if self.readonly:
+            raise DBError(f"tuning DB {self.path}: opened read-only, cannot finalize it")
+        try:
+            self.conn.execute("VACUUM")
+            mode = self.conn.execute("PRAGMA journal_mode = DELETE").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            mode = f"error: {exc}"
+        if mode != "delete":
+            raise DBError(f"tuning DB {self.path}: cannot switch it to journal_mode=DELETE ({mode}); "
+                          f"is a tuner or another program still using it? Stop it and run again")
 
 
 def _schema_statements() -> list[str]:

@@ -1,0 +1,170 @@
+"""The tuning DBs shipped in tuning_db/<arch>.db, which the dispatcher reads from
+<package dir>/tuning_db/ (docs/DISPATCH.md; how they are made: tuning_db/README.md).
+
+sm_90.db must be there. Every shipped DB is finalized (one file, rollback-journal
+mode), holds only its own arch, validates as `cc1d-tune db validate` does (source
+hash, generator epoch, re-rendered source of the variant, geometry), compiles for
+its arch with NVRTC, is installed into the package unchanged, and the runtime
+serves each of its winners for exactly the call it was tuned for. No GPU needed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cc1d.generator import default_variant, families, variants
+from cc1d.tuner.db import TuningDB, family_from_key
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = sorted((REPO / "tuning_db").glob("*.db"))
+DTYPE_CODES = {"f32": 0, "f16": 1, "bf16": 2}
+
+
+def test_sm90_db_is_shipped():
+    path = REPO / "tuning_db" / "sm_90.db"
+    assert path.is_file(), (f"{path} is missing: the product ships tuned H100 kernels; produce it on an "
+                            f"H100 as tuning_db/README.md says")
+
+
+@pytest.fixture(params=SHIPPED, ids=lambda p: p.name)
+def shipped(request) -> Path:
+    return request.param
+
+
+def _ro(path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+
+
+def test_is_finalized(shipped):
+    con = _ro(shipped)
+    try:
+        mode = con.execute("PRAGMA journal_mode").fetchone()[0]
+    finally:
+        con.close()
+    assert mode == "delete", f"{shipped.name}: journal_mode {mode}; run cc1d-tune db finalize --db {shipped}"
+    beside = [p.name for p in shipped.parent.glob(shipped.name + "-*")]
+    assert not beside, f"{beside} beside {shipped.name}: finalize it, and ship the .db alone"
+
+
+def test_holds_only_its_own_arch(shipped):
+    with TuningDB(shipped, readonly=True) as db:
+        winners = db.winners()
+    assert winners, f"{shipped.name} has no winners"
+    archs = {w["arch"] for w in winners}
+    assert archs == {shipped.stem}, f"{shipped.name}: winners of {archs} (the runtime reads only {shipped.stem}'s)"
+
+
+def test_validates(shipped):
+    with TuningDB(shipped, readonly=True) as db:
+        problems = db.validate()
+    assert not problems, "\n".join(problems[:50])
+
+
+def test_compiles_for_its_arch(shipped, nvrtc):
+    if not shipped.stem.startswith("sm_"):
+        pytest.skip(f"{shipped.stem}: only NVIDIA targets are compiled here (AMD: tests/test_compile_amd.py)")
+    with TuningDB(shipped, readonly=True) as db:
+        problems = db.compile_problems(lambda src, arch: nvrtc.compile(src, arch), archs=[shipped.stem],
+                                       workers=max(2, os.cpu_count() or 2))
+    assert not problems, "\n".join(problems[:20])
+
+
+def test_installed_with_the_package(shipped):
+    import cc1d
+    installed = Path(cc1d.__file__).resolve().parent / "tuning_db" / shipped.name
+    assert installed.is_file(), f"{installed} missing: is the package installed from this tree (pip install .)?"
+    assert installed.read_bytes() == shipped.read_bytes(), f"{installed} differs from {shipped}: reinstall"
+
+
+# ---- the runtime reads them -------------------------------------------------------
+
+def call_for(family_key: str, batch: int, dim: int, seqlen: int, features: str) -> list:
+    """explain_fwd's arguments for contiguous tensors of a tuned problem (what the
+    tuner measured on), at fake, 256-aligned addresses (explain touches no memory)."""
+    fam = family_from_key(family_key)
+    feats = {f for f in features.split(",") if f}
+    b, d, n, w = batch, dim, seqlen, fam.width
+    act = (d * n, n, 1) if fam.layout == "cf" else (d * n, 1, d)
+    state = (d * (w - 1), w - 1, 1)
+    ptrs = [1 << 20, 2 << 20, (3 << 20) * ("bias" in feats), (4 << 20) * ("seqidx" in feats),
+            (5 << 20) * ("init" in feats), 6 << 20, (7 << 20) * ("final" in feats)]
+    strides = [*act, w, 1, int("bias" in feats), *act, *((n, 1) if "seqidx" in feats else (0, 0)),
+               *(state if "init" in feats else (0, 0, 0)), *(state if "final" in feats else (0, 0, 0))]
+    return [ptrs, [b, d, n, w], strides, DTYPE_CODES[fam.x_dtype], DTYPE_CODES[fam.w_dtype], "silu" in feats]
+
+
+_EXPLAIN = r"""
+import json, sys
+from cc1d._runtime import runtime   # sets the package dir to the installed package's
+rt = runtime()
+logs = []
+rt.set_log_handler(logs.append)
+a = json.loads(sys.argv[1])
+if a["package_dir"]:
+    rt.set_package_dir(a["package_dir"])
+out = []
+for call in a["calls"]:
+    e = rt.explain_fwd(*call, 0, a["arch"])
+    out.append({k: e[k] for k in ("reason", "source", "key", "matched_shape", "detail")})
+print(json.dumps({"explained": out, "logs": logs}))
+"""
+
+
+def explain_in_fresh_process(calls, arch, tmp_path, package_dir=None) -> dict:
+    """The dispatcher's answers with no caller DB, no CC1D_TUNING_DB and an empty user DB
+    folder, so only the shipped DB (then the catalog) can answer."""
+    env = {**os.environ, "CC1D_CACHE_DIR": str(tmp_path / "cache"), "CC1D_TUNING_DB": "", "CC1D_LOG": ""}
+    env.pop("CC1D_PACKAGE_DIR", None)
+    r = subprocess.run([sys.executable, "-P", "-c", _EXPLAIN,
+                        json.dumps(dict(calls=calls, arch=arch, package_dir=package_dir and str(package_dir)))],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+def test_runtime_serves_every_winner_from_the_installed_package(shipped, tmp_path):
+    import cc1d
+    installed = Path(cc1d.__file__).resolve().parent / "tuning_db" / shipped.name
+    if not installed.is_file():
+        pytest.skip("not installed: test_installed_with_the_package fails")
+    with TuningDB(shipped, readonly=True) as db:
+        winners = db.winners(shipped.stem)
+    calls = [call_for(w["family_key"], w["batch"], w["dim"], w["seqlen"], w["features"]) for w in winners]
+    res = explain_in_fresh_process(calls, shipped.stem, tmp_path)
+    assert res["logs"] == [], res["logs"][:10]  # no entry skipped, no file refused
+    wrong = [f"{w['family_key']} {w['shape_key']}: {e}" for w, e in zip(winners, res["explained"])
+             if (e["reason"], e["source"], e["key"], e["matched_shape"]) !=
+             ("exact", str(installed), w["variant_key"], w["shape_key"])]
+    assert not wrong, "\n".join(wrong[:20])
+
+
+def test_a_db_in_the_package_dir_serves_the_dispatcher(tmp_path):
+    """The shipped-DB path end to end: a DB made with the tuner's DB layer and
+    finalized, placed as <dir>/tuning_db/sm_90.db, set_package_dir(dir)."""
+    fam = families("fwd", "cf")[0]
+    # not the catalog's choice, and usable at the calls' alignment (32 bytes or more)
+    v = next(v for v in variants(fam) if v.geometry()["align_bytes"] <= 16 and v != default_variant(fam))
+    shipped = tmp_path / "pkg" / "tuning_db" / "sm_90.db"
+    with TuningDB(shipped) as db:
+        db.put_winner(v.source, arch="sm_90", family_key=fam.key(), shape_key="b2.d64.l128.bias.silu",
+                      op="fwd", batch=2, dim=64, seqlen=128, features="bias,silu", variant_key=v.key(),
+                      config=v.params, **v.geometry(), time_us=1.0, environment={"device": "test"})
+        db.finalize()
+    assert sorted(p.name for p in shipped.parent.iterdir()) == ["sm_90.db"]
+    calls = [call_for(fam.key(), 2, 64, 128, "bias,silu"), call_for(fam.key(), 4, 96, 1000, "bias,silu"),
+             call_for(fam.key(), 2, 64, 128, "bias,silu")]
+    res = explain_in_fresh_process(calls, "sm_90", tmp_path, package_dir=tmp_path / "pkg")
+    exact, near, _ = res["explained"]
+    assert (exact["reason"], exact["source"], exact["key"]) == ("exact", str(shipped), v.key())
+    assert (near["reason"], near["source"], near["matched_shape"]) == ("nearest", str(shipped),
+                                                                        "b2.d64.l128.bias.silu")
+    assert res["logs"] == []
+    # another arch does not read it
+    other = explain_in_fresh_process(calls[:1], "sm_80", tmp_path, package_dir=tmp_path / "pkg")
+    assert (other["explained"][0]["reason"], other["explained"][0]["source"]) == ("default", "catalog")
