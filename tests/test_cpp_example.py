@@ -96,7 +96,7 @@ def test_without_a_gpu_says_so(built):
 
 
 @pytest.mark.parametrize("args, words", [(["--layout", "rows"], "--layout: expected cf or cl, got rows"),
-                                         (["--dim", "0"], "--dim: expected an integer >= 1, got 0"),
+                                         (["--dim", "0"], "--dim: expected an integer in [1, 2^30], got 0"),
                                          (["--batch"], "--batch: expected a value after it"),
                                          (["--frobnicate", "1"], "unknown option --frobnicate")])
 def test_bad_arguments(built, args, words):

@@ -177,8 +177,8 @@ bool parse(int argc, char** argv, Options& o) {
       }
       o.channel_last = v == "cl";
     } else if (a == "--batch" || a == "--dim" || a == "--seqlen" || a == "--calls") {
-      if (!is_int || n < 1) {
-        std::fprintf(stderr, "cc1d_forward: %s: expected an integer >= 1, got %s\n", a.c_str(), v.c_str());
+      if (!is_int || n < 1 || n > (int64_t(1) << 30)) {
+        std::fprintf(stderr, "cc1d_forward: %s: expected an integer in [1, 2^30], got %s\n", a.c_str(), v.c_str());
         return false;
       }
       if (a == "--calls") o.calls = int(n);
