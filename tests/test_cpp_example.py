@@ -49,8 +49,8 @@ def built(tmp_path_factory):
         pytest.skip("cmake is not installed")
     tmp = tmp_path_factory.mktemp("cpp_example")
     build, prefix = tmp / "build", tmp / "prefix"
-    cfg = _must(["cmake", "-S", REPO, "-B", build, "-DCC1D_BUILD_EXAMPLES=ON", "-DCMAKE_BUILD_TYPE=Release",
-                 f"-DPython_EXECUTABLE={sys.executable}"])
+    cfg = _must(["cmake", "-S", REPO, "-B", build, "-DCC1D_BUILD_EXAMPLES=ON", "-DCC1D_BUILD_PYTHON=OFF",
+                 "-DCMAKE_BUILD_TYPE=Release", f"-DPython_EXECUTABLE={sys.executable}"])
     skipped = re.search(r"cc1d examples: skipped.*", cfg.stdout)
     if skipped:
         pytest.skip(skipped.group(0))  # no CUDA toolkit: nothing to compile the example against

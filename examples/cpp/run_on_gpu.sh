@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build/example}
-cmake -S . -B "$BUILD" -DCC1D_BUILD_EXAMPLES=ON -DCMAKE_BUILD_TYPE=Release \
+cmake -S . -B "$BUILD" -DCC1D_BUILD_EXAMPLES=ON -DCC1D_BUILD_PYTHON=OFF -DCMAKE_BUILD_TYPE=Release \
   -DPython_EXECUTABLE="$(command -v python3)" >"${OUT:-/tmp}/example-cmake.log" 2>&1 \
   || { tail -30 "${OUT:-/tmp}/example-cmake.log"; exit 1; }
 grep -F "cc1d examples: skipped" "${OUT:-/tmp}/example-cmake.log" && exit 1
