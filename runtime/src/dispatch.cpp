@@ -425,6 +425,9 @@ void launch_on(const Location& l, const KernelVariant& v, const FwdArgs& a) {
 
 // The device prepare_fwd loads for (see cc1d.h).
 Location prepare_location(const void* x, int device) {
+  if (device < -1)
+    throw InvalidArgument("device must be -1 (x's device, else the current one) or a device ordinal >= 0, got " +
+                          std::to_string(device));
   if (device < 0) {
     if (Location l = locate(x); l.device >= 0) return l;
   }

@@ -129,6 +129,7 @@ void test_no_driver() {
                                    "prepare_fwd without a GPU");
   check_throws<cc1d::InvalidArgument>([&a] { auto b = a; b.width = 1; cc1d::prepare_fwd(b); },
                                       "width must be in [2, 8], got 1", "prepare_fwd checks the arguments first");
+  check_throws<cc1d::InvalidArgument>([&a] { cc1d::prepare_fwd(a, -2); }, "device must be -1", "prepare_fwd device");
   try {
     cc1d::device_target("cuda", 0);
     check(false, "device_target without a driver must throw");
