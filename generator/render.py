@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import jinja2
 
-from .space import DTYPES, EPOCH, space_for
+from .space import DTYPES, EPOCH, occupancy_bounds, space_for
 
 if TYPE_CHECKING:
     from .variant import Variant
@@ -37,6 +37,8 @@ def template_context(variant: "Variant") -> dict:
         x_ctype=DTYPES[fam.x_dtype][0], w_ctype=DTYPES[fam.w_dtype][0],
         **params,
     )
+    if "max_regs" in params:
+        ctx.update(occupancy_bounds(int(params["threads"]), int(params["max_regs"])))
     if "vec_bytes" in params:
         ctx["vec_elems"] = int(params["vec_bytes"]) // fam.x_bytes
     return ctx

@@ -29,7 +29,7 @@ class Variant:
         return dict(self.config)
 
     def key(self) -> str:
-        """Readable and complete, e.g. fwd.cf.bf16wf32.w4.t128.v16.n2.r1.hshfl."""
+        """Readable and complete, e.g. fwd.cf.bf16wf32.w4.t64.v16.n4.r1.hshfl.g128."""
         space = space_for(self.family)
         parts = [f"{space.param(n).abbrev}{v}" for n, v in self.config]
         return ".".join([self.family.key(), *parts])
@@ -68,7 +68,10 @@ def default_variant(family: Family, arch: Arch | str = "sm_90", **overrides: obj
     """The family's first valid preferred config, with `overrides` applied."""
     reasons = []
     for preferred in space_for(family).preferred:
-        v = Variant.of(family, **{**preferred, **overrides})
+        config = {k: v for k, v in preferred.items() if k != "widths"}
+        if family.width not in preferred.get("widths", (family.width,)):
+            continue
+        v = Variant.of(family, **{**config, **overrides})
         reason = v.why_invalid(arch)
         if reason is None:
             return v
@@ -82,9 +85,9 @@ def fallback_chain(family: Family, arch: Arch | str = "sm_90") -> list[Variant]:
     The runtime takes the first whose alignment requirement the call meets, so
     every call has a kernel.
     """
-    chain: list[Variant] = []
+    chain = [default_variant(family, arch)]
     for vec in (16, 8, 4, 2):
-        if vec < family.x_bytes:
+        if vec < family.x_bytes or vec >= int(chain[0].params["vec_bytes"]):
             continue
         try:
             v = default_variant(family, arch, vec_bytes=vec)

@@ -14,8 +14,11 @@ import pytest
 from conftest import rocm_trixie_script
 from covering import all_covering
 
+from cc1d.generator import default_variant, families
+
 pytestmark = pytest.mark.amd
 WORKER = Path(__file__).with_name("amd_compile_worker.py")
+DEFAULT_KEYS = {default_variant(f, t).key() for f in families() for t in ("gfx942", "gfx90a")}
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +50,22 @@ def test_covering_set_compiles_for_amd(trixie, target):
     assert not failed, "\n".join(failed)
     missing = [r["key"] for r in results if "vgpr_spill_count" not in r["resources"]]
     assert not missing, f"no resource metadata in the code objects of {missing[:5]}"
+    # Tuning candidates may spill (the tuner times them); the untuned ones may not.
+    _assert_no_scratch([r for r in results if r["key"] in DEFAULT_KEYS])
+
+
+def _assert_no_scratch(results):
     # SGPR spills go to VGPR lanes (no memory); VGPR spills and scratch would be local memory.
     spills = [f"{r['key']}: {r['resources']}" for r in results
               if r["resources"]["vgpr_spill_count"] or r["resources"].get("private_segment_fixed_size")]
     assert not spills, "scratch use (spills):\n" + "\n".join(spills)
+
+
+def test_defaults_compile_for_gfx942_without_scratch(trixie):
+    defaults = [default_variant(f, "gfx942") for f in families()]
+    results = _compile_batch(trixie, "gfx942", defaults)
+    assert all(r["ok"] for r in results), [r["key"] for r in results if not r["ok"]]
+    _assert_no_scratch(results)
 
 
 def test_tuner_compile_only_for_gfx942(trixie, tmp_path):

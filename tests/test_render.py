@@ -7,6 +7,7 @@ import pytest
 
 from cc1d.generator import Family, Variant, default_variant, families, render, variants
 from cc1d.generator.render import template_context
+from cc1d.generator.space import occupancy_bounds
 
 
 @pytest.mark.parametrize("family", families(), ids=lambda f: f.key())
@@ -15,7 +16,9 @@ def test_render_every_variant(family):
     for v in variants(family):
         src = render(v)
         assert src.startswith(f"// cc1d kernel {v.key()} ")
-        assert 'extern "C" __global__ void __launch_bounds__(' in src
+        bounds = occupancy_bounds(v.params["threads"], v.params["max_regs"])
+        assert ('extern "C" __global__ void CC1D_BOUNDS(THREADS, {min_blocks}, {waves_per_eu})'
+                .format(**bounds)) in src
         assert "{{" not in src and "{%" not in src
         assert f"constexpr int W = {family.width};" in src
         assert f"constexpr int THREADS = {v.params['threads']};" in src
@@ -27,7 +30,8 @@ def test_template_context_is_strict():
     v = default_variant(Family("fwd", "cl", "f16", "f32", 3))
     ctx = template_context(v)
     assert ctx["x_ctype"] == "cc1d_f16" and ctx["w_ctype"] == "float"
-    assert ctx["vec_elems"] == 8
+    assert ctx["vec_elems"] == v.params["vec_bytes"] // 2
+    assert (ctx["min_blocks"], ctx["waves_per_eu"]) == (8, 2)  # 64 threads capped at 128 registers
 
 
 def test_missing_template_variable_is_an_error(monkeypatch):
@@ -36,7 +40,7 @@ def test_missing_template_variable_is_an_error(monkeypatch):
     import jinja2
     R = importlib.import_module("cc1d.generator.render")  # the module, not the function
     v = Variant.of(Family("fwd", "cf", "f32", "f32", 2), threads=64, vec_bytes=4, nvec=1, rows=1,
-                   halo="reload")
+                   halo="reload", max_regs=128)
     monkeypatch.setattr(R, "template_context", lambda variant: {"width": 2})
     R.render.cache_clear()
     try:

@@ -38,7 +38,7 @@ def test_every_family_has_valid_variants_and_a_general_fallback(family):
 
 
 def test_key_and_hash_change_with_every_field():
-    base = default_variant(Family("fwd", "cf", "bf16", "f32", 4))
+    base = default_variant(Family("fwd", "cf", "bf16", "f32", 4), threads=128)  # every field can move
     others = [dataclasses.replace(base, family=dataclasses.replace(base.family, **change))
               for change in (dict(layout="cl"), dict(x_dtype="f16"), dict(w_dtype="bf16"),
                              dict(width=5))]
@@ -59,8 +59,8 @@ def test_key_and_hash_change_with_every_field():
 
 def test_key_is_readable_and_complete():
     v = Variant.of(Family("fwd", "cf", "bf16", "f32", 4), threads=128, vec_bytes=16, nvec=2,
-                   rows=1, halo="shfl")
-    assert v.key() == "fwd.cf.bf16wf32.w4.t128.v16.n2.r1.hshfl"
+                   rows=1, halo="shfl", max_regs=96)
+    assert v.key() == "fwd.cf.bf16wf32.w4.t128.v16.n2.r1.hshfl.g96"
     assert f"generator epoch {EPOCH}" in v.source.splitlines()[0]
 
 
@@ -69,13 +69,14 @@ def test_config_must_name_every_parameter():
     with pytest.raises(ValueError, match="missing"):
         Variant.of(fam, threads=128)
     with pytest.raises(ValueError, match="unknown"):
-        Variant.of(fam, threads=128, vec_bytes=16, tile_d=64, rows_per_thread=2, bogus=1)
+        Variant.of(fam, threads=128, vec_bytes=16, tile_d=64, rows_per_thread=2, max_regs=128, bogus=1)
 
 
 @pytest.mark.parametrize("config, reason", [
-    (dict(threads=128, vec_bytes=2, nvec=2, rows=1, halo="shfl"), "element size"),
-    (dict(threads=64, vec_bytes=16, nvec=2, rows=4, halo="shfl"), "32 threads"),
-    (dict(threads=96, vec_bytes=16, nvec=2, rows=1, halo="shfl"), "not in"),
+    (dict(threads=128, vec_bytes=2, nvec=2, rows=1, halo="shfl", max_regs=128), "element size"),
+    (dict(threads=64, vec_bytes=16, nvec=2, rows=4, halo="shfl", max_regs=128), "32 threads"),
+    (dict(threads=96, vec_bytes=16, nvec=2, rows=1, halo="shfl", max_regs=128), "not in"),
+    (dict(threads=256, vec_bytes=16, nvec=2, rows=1, halo="shfl", max_regs=96), "no tighter"),
 ])
 def test_constraints_prune_with_reasons(config, reason):
     v = Variant.of(Family("fwd", "cf", "f32", "f32", 4), **config)
@@ -84,13 +85,18 @@ def test_constraints_prune_with_reasons(config, reason):
 
 def test_channel_last_register_budget_prunes_wide_tiles():
     fam = Family("fwd", "cl", "bf16", "bf16", 8)
-    v = Variant.of(fam, threads=128, vec_bytes=16, tile_d=64, rows_per_thread=8)
+    v = Variant.of(fam, threads=128, vec_bytes=16, tile_d=64, rows_per_thread=8, max_regs=255)
     assert "registers" in v.why_invalid()
+    # a tighter cap leaves less room for the window
+    fam4 = Family("fwd", "cl", "bf16", "bf16", 4)
+    ok = dict(threads=128, vec_bytes=16, tile_d=64, rows_per_thread=2)
+    assert Variant.of(fam4, **ok, max_regs=96).why_invalid() is None
+    assert "(> 48)" in Variant.of(fam4, **ok, max_regs=64).why_invalid()
 
 
 def test_warp_size_constraint_depends_on_arch():
     fam = Family("fwd", "cf", "f32", "f32", 4)
-    v = Variant.of(fam, threads=64, vec_bytes=16, nvec=1, rows=1, halo="shfl")
+    v = Variant.of(fam, threads=64, vec_bytes=16, nvec=1, rows=1, halo="shfl", max_regs=128)
     assert v.why_invalid("sm_90") is None and v.why_invalid("gfx942") is None
     assert arch_info("gfx942").warp_size == 64 and arch_info("sm_90").warp_size == 32
     assert arch_info("gfx1100").warp_size == 32 and "gfx90a" in ARCHS

@@ -32,9 +32,10 @@ def statuses(db, shape):
 
 def test_default_first_failures_pruned_with_reasons_and_a_winner_stored(db):
     valid = list(variants(CF.family(), arch_info(ARCH)))
-    fastest = min(valid, key=fake_time_us)
-    ev = FakeEvaluator(compile_fails=lambda v: v.params["threads"] == 64,
-                       launch_fails=lambda v: v.params["halo"] == "reload" and v.params["nvec"] == 4,
+    compile_fails = lambda v: v.params["threads"] == 256  # noqa: E731
+    launch_fails = lambda v: v.params["halo"] == "reload" and v.params["nvec"] == 4  # noqa: E731
+    fastest = min((v for v in valid if not compile_fails(v) and not launch_fails(v)), key=fake_time_us)
+    ev = FakeEvaluator(compile_fails=compile_fails, launch_fails=launch_fails,
                        wrong=lambda v: v == fastest)  # the fastest is wrong: it must not win
     res = tune_shape(CF, ARCH, ev, db, SearchConfig(trials=len(valid)))
     default = default_variant(CF.family())
@@ -51,10 +52,12 @@ def test_default_first_failures_pruned_with_reasons_and_a_winner_stored(db):
     assert sorted(ev.compiled) == sorted(v.key() for v in valid)
     ok = [r for r in rows.values() if r["status"] == "ok"]
     best = min(ok, key=lambda r: r["time_us"])
-    assert res.winner.key() == best["variant_key"] != fastest.key()
+    # the winner is the best valid one, up to a tie within the 0.5% noise floor
+    assert rows[res.winner.key()]["time_us"] <= best["time_us"] * 1.005
+    assert res.winner != fastest
     w = db.winner(ARCH, CF.family().key(), CF.key())
     assert w["variant_key"] == res.winner.key() and w["source_hash"] == res.winner.hash()
-    assert w["speedup"] == pytest.approx(fake_time_us(default) / best["time_us"])
+    assert w["speedup"] == pytest.approx(fake_time_us(default) / rows[res.winner.key()]["time_us"])
     assert db.validate() == []
 
 
@@ -80,7 +83,7 @@ def test_tpe_is_deterministic_with_its_seed(tmp_path):
 
 
 def test_clearly_slow_candidates_exit_early(db):
-    ev = FakeEvaluator(times=lambda v: 10.0 if v.params["threads"] == 128 else 30.0)
+    ev = FakeEvaluator(times=lambda v: 10.0 if v.params["threads"] == 64 else 30.0)  # the default: 64
     tune_shape(CF, ARCH, ev, db, SearchConfig(trials=6))
     rows = [r for r in statuses(db, CF).values() if r["status"] in ("ok", "slow")]
     assert any(r["status"] == "slow" for r in rows)
@@ -92,7 +95,7 @@ def test_near_ties_within_the_spread_go_to_the_default(db, gain, expect_default)
     default = default_variant(CF.family())
     rival = default_variant(CF.family(), threads=256)
     times = lambda v: 10.0 * (1 - gain) if v == rival else 10.0 if v == default else 20.0  # noqa: E731
-    res = tune_shape(CF, ARCH, FakeEvaluator(times=times, spread=0.01), db, SearchConfig(trials=6))
+    res = tune_shape(CF, ARCH, FakeEvaluator(times=times, spread=0.01), db, SearchConfig(trials=10_000))
     assert res.winner == (default if expect_default else rival)
     assert res.spread == pytest.approx(0.01)
 

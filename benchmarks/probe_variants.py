@@ -1,0 +1,117 @@
+"""Time chosen kernel variants on one shape, with their resource usage and SASS.
+
+For template work: validates each candidate against the float64 reference,
+graph-times it (inputs rotated past L2) and reports the % of a copy measured in
+the same run. A candidate is a variant key (rendered from the current
+templates) or KEY@FILE.cu (that source, launched with KEY's geometry).
+
+    python benchmarks/probe_variants.py --shape fwd,cf,bf16/bf16,4,8,5120,2048 \\
+        fwd.cf.bf16wbf16.w4.t64.v16.n4.r1.hshfl  fwd.cf.bf16wbf16.w4.t64.v16.n4.r1.hshfl@my.cu \\
+        [--sass-dir DIR] [--no-silu]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from timing import copy_ceiling_gbps, graph_time_us, n_buffers
+
+from cc1d import _cc1d
+from cc1d.generator import Variant
+from cc1d.generator.space import Family, space_for
+from cc1d.tuner.problems import problem_for
+from cc1d.tuner.shapes import Shape
+
+
+def parse_shape(text: str, silu: bool) -> Shape:
+    op, layout, dtypes, width, b, d, l = text.split(",")
+    xd, _, wd = dtypes.partition("/")
+    return Shape(op, layout, xd, wd or xd, int(width), int(b), int(d), int(l),
+                 activation="silu" if silu else "none")
+
+
+def variant_from_key(key: str) -> Variant:
+    parts = key.split(".")
+    op, layout, dt, w = parts[:4]
+    xd, wd = dt.split("w", 1)
+    family = Family(op, layout, xd, wd, int(w[1:]))
+    space = space_for(family)
+    config = {}
+    for p, part in zip(space.params, parts[4:]):  # keys list the params in the space's order
+        if not part.startswith(p.abbrev):
+            raise ValueError(f"{key}: expected {p.abbrev}<{p.name}> at {part!r}")
+        config[p.name] = type(p.values[0])(part[len(p.abbrev):])
+    return Variant.of(family, **config)
+
+
+def kernel_dict(spec: str) -> tuple[str, dict]:
+    key, _, path = spec.partition("@")
+    kernel = variant_from_key(key).as_runtime_dict()
+    if path:
+        kernel["source"] = Path(path).read_text()
+        kernel["hash"] = hashlib.sha256(kernel["source"].encode()).hexdigest()
+        kernel["key"] = f"{key}@{Path(path).name}"
+    return kernel["key"], kernel
+
+
+def resources(source: str, sass_dir: Path | None, name: str) -> str:
+    binary, log = _cc1d.compile(source, "sm_90", ["--ptxas-options=-v"])
+    used = "; ".join(m.strip() for m in re.findall(r"Used [^\n]*", log))
+    if sass_dir is not None:
+        sass_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+            f.write(binary)
+        sass = subprocess.run(["cuobjdump", "-sass", f.name], capture_output=True, text=True).stdout
+        os.unlink(f.name)
+        (sass_dir / (re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".sass")).write_text(sass)
+    return used
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", required=True, help="op,layout,x/w dtypes,width,batch,dim,seqlen")
+    ap.add_argument("--no-silu", action="store_true")
+    ap.add_argument("--sass-dir", type=Path)
+    ap.add_argument("candidates", nargs="+")
+    args = ap.parse_args()
+    shape = parse_shape(args.shape, not args.no_silu)
+    problem = problem_for(shape.op)
+    nbytes = problem.bytes_moved(shape)
+    sets = []
+    for i in range(n_buffers(nbytes)):
+        inputs = problem.make_inputs(shape, seed=i)
+        sets.append((inputs, problem.make_outputs(shape, inputs)))
+    ref = problem.reference(shape, sets[0][0])
+    ceiling = copy_ceiling_gbps()
+    print(f"{torch.cuda.get_device_name()}; copy {ceiling:.0f} GB/s; {args.shape} silu={not args.no_silu}")
+    print("| candidate | µs | % copy | rel err | registers |")
+    print("|---|---|---|---|---|")
+    stream = torch.cuda.current_stream().cuda_stream
+    for spec in args.candidates:
+        name, kernel = kernel_dict(spec)
+        used = resources(kernel["source"], args.sass_dir, name)
+        inputs, outputs = sets[0]
+        problem.launch(_cc1d, kernel, shape, inputs, outputs, stream)
+        torch.cuda.synchronize()
+        errs = []
+        for k, want in ref.items():
+            got = outputs[k].double()
+            errs.append(((got - want).norm() / want.norm().clamp_min(1e-30)).item())
+        err = max(errs)
+        fns = [lambda s=s: problem.launch(_cc1d, kernel, shape, s[0], s[1],
+                                          torch.cuda.current_stream().cuda_stream) for s in sets]
+        us = graph_time_us(fns)
+        print(f"| {name} | {us:.1f} | {100 * nbytes / us / 1e3 / ceiling:.0f} % | {err:.1e} | {used} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
