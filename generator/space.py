@@ -15,7 +15,7 @@ from typing import Callable, Mapping
 # entries from another epoch are ignored by the runtime.
 EPOCH = 2
 
-OPS = ("fwd",)
+OPS = ("fwd", "bwd")
 LAYOUTS = ("cf", "cl")  # channel-first: seqlen contiguous; channel-last: dim contiguous
 WIDTHS = tuple(range(2, 9))
 # dtype name -> (kernel storage type, bytes)
@@ -263,7 +263,60 @@ FWD_CL = Space(
     geometry=_cl_geometry,
 )
 
-SPACES: Mapping[tuple[str, str], Space] = {("fwd", "cf"): FWD_CF, ("fwd", "cl"): FWD_CL}
+# ---- backward ---------------------------------------------------------------
+# Same tiling ideas as the forward; each thread also keeps fp32 partial sums of
+# dweight/dbias, reduced per block in a fixed order (no atomics).
+
+def _bwd_cf_geometry(family: Family, config: Config) -> dict:
+    threads, rows = int(config["threads"]), int(config["rows"])
+    ve = max(1, _vec_elems(family, config))
+    return dict(threads=threads, tile_l=threads // rows * ve, tile_d=rows, smem_bytes=0,
+                align_bytes=int(config["vec_bytes"]))
+
+
+BWD_CF = Space(
+    op="bwd", layout="cf", template="bwd_channel_first.cu.j2",
+    params=(
+        Param("threads", "t", (64, 128, 256), "threads per block"),
+        Param("vec_bytes", "v", (2, 4, 8, 16), "bytes per vector load/store of x, dout and dx"),
+        Param("rows", "r", (1, 4), "channels per block"),
+        MAX_REGS,
+    ),
+    constraints=(_vec_fits, _cf_rows_fit, _regs_distinct),
+    preferred=(dict(threads=128, vec_bytes=16, rows=1, max_regs=128, widths=(2, 3, 4, 5)),
+               dict(threads=128, vec_bytes=16, rows=1, max_regs=255)),
+    geometry=_bwd_cf_geometry,
+)
+
+
+def _bwd_cl_registers_fit(family: Family, config: Config, arch: Arch) -> str | None:
+    ve = max(1, _vec_elems(family, config))
+    halo = family.width - 1
+    regs = (2 * int(config["rows_per_thread"]) + 3 * halo) * ve  # x and dout windows
+    budget = min(128, int(config["max_regs"]) - 32)
+    if regs > budget:
+        return f"x and dout windows need {regs} registers (> {budget})"
+    return None
+
+
+BWD_CL = Space(
+    op="bwd", layout="cl", template="bwd_channel_last.cu.j2",
+    params=(
+        Param("threads", "t", (64, 128, 256), "threads per block"),
+        Param("vec_bytes", "v", (2, 4, 8, 16), "bytes per vector load/store (along dim)"),
+        Param("tile_d", "d", (32, 64, 128), "channels per block"),
+        Param("rows_per_thread", "n", (1, 2, 4, 8), "consecutive positions per thread"),
+        MAX_REGS,
+    ),
+    constraints=(_vec_fits, _cl_tile_fits, _bwd_cl_registers_fit, _regs_distinct),
+    preferred=(dict(threads=128, vec_bytes=8, tile_d=64, rows_per_thread=2, max_regs=255, widths=(2, 3, 4, 5, 6, 7)),
+               dict(threads=128, vec_bytes=8, tile_d=64, rows_per_thread=1, max_regs=255),
+               dict(threads=128, vec_bytes=4, tile_d=64, rows_per_thread=1, max_regs=255)),
+    geometry=_cl_geometry,
+)
+
+SPACES: Mapping[tuple[str, str], Space] = {("fwd", "cf"): FWD_CF, ("fwd", "cl"): FWD_CL,
+                                           ("bwd", "cf"): BWD_CF, ("bwd", "cl"): BWD_CL}
 
 
 def space_for(family: Family) -> Space:

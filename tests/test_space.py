@@ -12,12 +12,12 @@ FAMILIES = families()
 
 
 def test_family_count_and_keys_unique():
-    assert len(FAMILIES) == 2 * 5 * 7
+    assert len(FAMILIES) == 2 * 2 * 5 * 7  # ops x layouts x dtype pairs x widths
     assert len({f.key() for f in FAMILIES}) == len(FAMILIES)
 
 
 @pytest.mark.parametrize("kwargs, field", [
-    (dict(op="bwd"), "op"), (dict(layout="nhwc"), "layout"), (dict(x_dtype="f64"), "dtypes"),
+    (dict(op="update"), "op"), (dict(layout="nhwc"), "layout"), (dict(x_dtype="f64"), "dtypes"),
     (dict(x_dtype="f16", w_dtype="bf16"), "dtypes"), (dict(width=1), "width"), (dict(width=9), "width"),
 ])
 def test_family_rejects_bad_fields(kwargs, field):
