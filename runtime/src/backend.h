@@ -12,6 +12,12 @@ namespace cc1d {
 
 struct Dim3 { unsigned x = 1, y = 1, z = 1; };
 
+// Entry points of one loaded kernel module.
+struct Functions {
+  void* kernel = nullptr;  // cc1d_kernel (every variant)
+  void* reduce = nullptr;  // cc1d_reduce (backward variants: sums the dweight/dbias partials)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -35,13 +41,15 @@ class Backend {
   // (CUDA: no context current on this thread; no driver). Never throws.
   virtual int current_device() noexcept = 0;
   virtual Dim3 max_grid(int device) = 0;
-  // Loaded kernel `cc1d_kernel` for `hash` in the device's current context,
-  // or nullptr. Cheap: a lookup, no allocation once loaded.
-  virtual void* find_function(int device, const std::string& hash) = 0;
-  // Loads `binary` as a module, caches it under `hash`, returns cc1d_kernel.
-  // smem_bytes: dynamic shared memory the launches will ask for (opt-in > 48 KB).
-  virtual void* load_function(int device, const std::string& hash,
-                              const std::vector<uint8_t>& binary, int smem_bytes) = 0;
+  // The module of `hash` in the device's current context: its entry points,
+  // or {} if it is not loaded there. Cheap: a lookup, no allocation once loaded.
+  virtual Functions find_functions(int device, const std::string& hash) = 0;
+  // Loads `binary` as a module, caches it under `hash`, returns its entry points.
+  // smem_bytes: dynamic shared memory cc1d_kernel's launches will ask for (opt-in > 48 KB).
+  // with_reduce: look up cc1d_reduce too (backward); never probed otherwise, as
+  // a failed lookup would leave HIP's last-error set for the caller's next check.
+  virtual Functions load_functions(int device, const std::string& hash, const std::vector<uint8_t>& binary,
+                                   int smem_bytes, bool with_reduce) = 0;
   virtual void launch(void* function, Dim3 grid, Dim3 block, unsigned smem_bytes,
                       void* stream, void* params, std::size_t params_size) = 0;
 };

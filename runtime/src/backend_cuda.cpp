@@ -114,7 +114,7 @@ struct Module {
 
 struct Loaded {
   std::unique_ptr<Module> module;
-  CUfunction function = nullptr;
+  Functions functions;
 };
 
 class CudaBackend final : public Backend {
@@ -203,31 +203,42 @@ class CudaBackend final : public Backend {
     return device_info(device).max_grid;
   }
 
-  void* find_function(int device, const std::string& hash) override {
+  Functions find_functions(int device, const std::string& hash) override {
     std::lock_guard<std::mutex> lock(mu_);
     CUcontext ctx = current_context(device);
     auto c = modules_.find(ctx);
-    if (c == modules_.end()) return nullptr;
+    if (c == modules_.end()) return {};
     auto f = c->second.find(hash);
-    return f == c->second.end() ? nullptr : f->second.function;
+    return f == c->second.end() ? Functions{} : f->second.functions;
   }
 
-  void* load_function(int device, const std::string& hash, const std::vector<uint8_t>& binary,
-                      int smem_bytes) override {
+  Functions load_functions(int device, const std::string& hash, const std::vector<uint8_t>& binary,
+                           int smem_bytes, bool with_reduce) override {
     std::lock_guard<std::mutex> lock(mu_);
     const Driver& d = driver();
     CUcontext ctx = current_context(device);
     auto& per_ctx = modules_[ctx];
-    if (auto f = per_ctx.find(hash); f != per_ctx.end()) return f->second.function;
+    if (auto f = per_ctx.find(hash); f != per_ctx.end()) {
+      Functions& fs = f->second.functions;
+      if (with_reduce && !fs.reduce) {  // loaded before by a path that did not need it
+        CUfunction reduce = nullptr;
+        CC1D_CUDA_CHECK(d.cuModuleGetFunction(&reduce, f->second.module->m, "cc1d_reduce"), "kernel " + hash);
+        fs.reduce = reduce;
+      }
+      return fs;
+    }
     CUmodule mod = nullptr;
     CC1D_CUDA_CHECK(d.cuModuleLoadData(&mod, binary.data()), "kernel " + hash + " on device " + std::to_string(device));
     Loaded l;
     l.module = std::make_unique<Module>(mod);
-    CC1D_CUDA_CHECK(d.cuModuleGetFunction(&l.function, mod, "cc1d_kernel"), "kernel " + hash);
+    CUfunction kernel = nullptr, reduce = nullptr;
+    CC1D_CUDA_CHECK(d.cuModuleGetFunction(&kernel, mod, "cc1d_kernel"), "kernel " + hash);
     if (smem_bytes > kDefaultSmemLimit)
-      CC1D_CUDA_CHECK(d.cuFuncSetAttribute(l.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes),
+      CC1D_CUDA_CHECK(d.cuFuncSetAttribute(kernel, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes),
                       "kernel " + hash + " asks for " + std::to_string(smem_bytes) + " bytes of shared memory");
-    CUfunction f = l.function;
+    if (with_reduce) CC1D_CUDA_CHECK(d.cuModuleGetFunction(&reduce, mod, "cc1d_reduce"), "kernel " + hash);
+    l.functions = {kernel, reduce};
+    const Functions f = l.functions;
     per_ctx.emplace(hash, std::move(l));
     return f;
   }

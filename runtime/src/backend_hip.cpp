@@ -132,7 +132,7 @@ struct Program {
 
 struct Loaded {
   std::unique_ptr<Module> module;
-  hipFunction_t function = nullptr;
+  Functions functions;
 };
 
 // Sets the current device for a scope and restores the caller's.
@@ -238,27 +238,38 @@ class HipBackend final : public Backend {
     return device_info(device).max_grid;
   }
 
-  void* find_function(int device, const std::string& hash) override {
+  Functions find_functions(int device, const std::string& hash) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (device < 0 || size_t(device) >= modules_.size()) return nullptr;
+    if (device < 0 || size_t(device) >= modules_.size()) return {};
     auto f = modules_[device].find(hash);
-    return f == modules_[device].end() ? nullptr : f->second.function;
+    return f == modules_[device].end() ? Functions{} : f->second.functions;
   }
 
-  void* load_function(int device, const std::string& hash, const std::vector<uint8_t>& binary,
-                      int /*smem_bytes: AMD needs no opt-in up to the LDS size*/) override {
+  Functions load_functions(int device, const std::string& hash, const std::vector<uint8_t>& binary,
+                           int /*smem_bytes: AMD needs no opt-in up to the LDS size*/, bool with_reduce) override {
     std::lock_guard<std::mutex> lock(mu_);
     const Hip& h = hip();
     if (device < 0) throw BackendError("invalid HIP device " + std::to_string(device));
     if (size_t(device) >= modules_.size()) modules_.resize(device + 1);
-    if (auto f = modules_[device].find(hash); f != modules_[device].end()) return f->second.function;
+    if (auto f = modules_[device].find(hash); f != modules_[device].end()) {
+      Functions& fs = f->second.functions;
+      if (with_reduce && !fs.reduce) {  // loaded before by a path that did not need it
+        hipFunction_t reduce = nullptr;
+        CC1D_HIP_CHECK(h.hipModuleGetFunction(&reduce, f->second.module->m, "cc1d_reduce"), "kernel " + hash);
+        fs.reduce = reduce;
+      }
+      return fs;
+    }
     DeviceGuard guard(h, device);
     hipModule_t mod = nullptr;
     CC1D_HIP_CHECK(h.hipModuleLoadData(&mod, binary.data()), "kernel " + hash + " on device " + std::to_string(device));
     Loaded l;
     l.module = std::make_unique<Module>(mod);
-    CC1D_HIP_CHECK(h.hipModuleGetFunction(&l.function, mod, "cc1d_kernel"), "kernel " + hash);
-    hipFunction_t f = l.function;
+    hipFunction_t kernel = nullptr, reduce = nullptr;
+    CC1D_HIP_CHECK(h.hipModuleGetFunction(&kernel, mod, "cc1d_kernel"), "kernel " + hash);
+    if (with_reduce) CC1D_HIP_CHECK(h.hipModuleGetFunction(&reduce, mod, "cc1d_reduce"), "kernel " + hash);
+    l.functions = {kernel, reduce};
+    const Functions f = l.functions;
     modules_[device].emplace(hash, std::move(l));
     return f;
   }

@@ -1,7 +1,10 @@
-// Forward entry points: decide which variant serves a call (tuning DBs along
-// the lookup chain, else the default catalog), memoised per (arch, family,
-// shape, features, alignment class); then compile (once), load (once per
-// context) and launch.
+// The dispatcher (dispatch.h): decide which variant serves a call (tuning DBs
+// along the lookup chain, else the default catalog), memoised per (op, arch,
+// family, shape, features, alignment class); compile (once) and load (once
+// per context) a variant's kernels. The entry points are in forward.cpp and
+// backward.cpp.
+#include "dispatch.h"
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -13,14 +16,12 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "backend.h"
 #include "catalog.h"
 #include "compile_cache.h"
 #include "env.h"
 #include "log.h"
 #include "sha256.h"
 #include "tuning_db.h"
-#include "validate.h"
 
 namespace cc1d {
 namespace {
@@ -41,7 +42,7 @@ const std::vector<KernelVariant>& catalog_variants() {
 
 // The family's first catalog variant whose alignment the call meets (the
 // chain ends with a variant needing only the element size, so one always fits).
-const KernelVariant& catalog_choice(const char* family, int align) {
+const KernelVariant& catalog_choice(const char* family, int align, const char* tensors) {
   const catalog::Entry* e = catalog::entries();
   bool family_seen = false;
   for (std::size_t i = 0; i < catalog::num_entries(); ++i) {
@@ -52,7 +53,7 @@ const KernelVariant& catalog_choice(const char* family, int align) {
   if (!family_seen)
     throw InvalidArgument(std::string("no kernel in the catalog for ") + family +
                           " (layout, dtypes and width of this call)");
-  throw InvalidArgument(std::string("no kernel of ") + family + " accepts x/out aligned to only " +
+  throw InvalidArgument(std::string("no kernel of ") + family + " accepts " + tensors + " aligned to only " +
                         std::to_string(align) + " bytes (base addresses and batch/outer strides)");
 }
 
@@ -82,53 +83,10 @@ Archs& archs() {
   return a;
 }
 
-// Where x lives: the backend and device ordinal, or device < 0.
-struct Location {
-  Backend* backend = nullptr;
-  int device = -1;
-};
-
-Location locate(const void* x) {
-  Location l{&cuda_backend(), -1};
-  l.device = l.backend->device_of_pointer(x);
-  if (l.device < 0) {
-    l.backend = &hip_backend();
-    l.device = l.backend->device_of_pointer(x);
-  }
-  return l;
-}
-
-[[noreturn]] void throw_no_device(const void* x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%p", x);
-  throw BackendError(std::string("no GPU backend owns pointer ") + buf +
-                     " (x): not CUDA or HIP device memory, or no driver/device is available");
-}
-
-// Arch id of a device, remembered per (vendor, ordinal) so the hot path does
-// not build the target string again.
-constexpr int kMaxDevices = 64;
-int arch_id_of(const Location& l) {
-  static std::array<std::atomic<int>, 2 * kMaxDevices> known{};  // id + 1; 0 = not yet
-  const bool cacheable = l.device < kMaxDevices;
-  const std::size_t slot = (l.backend == &cuda_backend() ? 0 : kMaxDevices) + std::size_t(l.device);
-  if (cacheable) {
-    if (int v = known[slot].load(std::memory_order_relaxed)) return v - 1;
-  }
-  const int id = archs().intern(l.backend->device_target(l.device));
-  if (cacheable) known[slot].store(id + 1, std::memory_order_relaxed);
-  return id;
-}
-
 int log2_of(int pow2) {
   int l = 0;
   while ((1 << l) < pow2) ++l;
   return l;
-}
-
-unsigned call_features(const FwdParams& p) {
-  return (p.bias ? kBias : 0u) | (p.silu ? kSilu : 0u) | (p.seq_idx ? kSeqIdx : 0u) |
-         (p.initial_states ? kInit : 0u) | (p.final_states ? kFinal : 0u);
 }
 
 std::string shape_key(int64_t b, int64_t d, int64_t l, unsigned features) {
@@ -154,21 +112,14 @@ std::atomic<uint64_t> g_loads{0};      // kernels loaded into a context (compile
 
 // ---- decisions --------------------------------------------------------------
 
-struct Decision {
-  std::shared_ptr<const KernelVariant> variant;
-  std::string reason, source, matched_shape, arch, call_shape, detail;
-  int alignment = 0;
-  double distance = -1;
-};
-
 struct Key {
   int64_t batch, dim, seqlen;
   int32_t arch;
-  uint8_t layout, x_dtype, w_dtype, width, features, align_log2;
+  uint8_t op, layout, x_dtype, w_dtype, width, features, align_log2;
   bool operator==(const Key& o) const {
-    return batch == o.batch && dim == o.dim && seqlen == o.seqlen && arch == o.arch && layout == o.layout &&
-           x_dtype == o.x_dtype && w_dtype == o.w_dtype && width == o.width && features == o.features &&
-           align_log2 == o.align_log2;
+    return batch == o.batch && dim == o.dim && seqlen == o.seqlen && arch == o.arch && op == o.op &&
+           layout == o.layout && x_dtype == o.x_dtype && w_dtype == o.w_dtype && width == o.width &&
+           features == o.features && align_log2 == o.align_log2;
   }
 };
 
@@ -181,8 +132,8 @@ struct KeyHash {
     mix(uint64_t(k.batch));
     mix(uint64_t(k.dim));
     mix(uint64_t(k.seqlen));
-    mix(uint64_t(k.arch) << 48 | uint64_t(k.layout) << 40 | uint64_t(k.x_dtype) << 32 | uint64_t(k.w_dtype) << 24 |
-        uint64_t(k.width) << 16 | uint64_t(k.features) << 8 | k.align_log2);
+    mix(uint64_t(k.arch) << 48 | uint64_t(k.op) << 44 | uint64_t(k.layout) << 40 | uint64_t(k.x_dtype) << 32 |
+        uint64_t(k.w_dtype) << 24 | uint64_t(k.width) << 16 | uint64_t(k.features) << 8 | k.align_log2);
     return std::size_t(h);
   }
 };
@@ -193,12 +144,11 @@ struct Chain {
   std::string package_dir;
 };
 
-std::shared_ptr<const Decision> compute(const FwdArgs& a, Layout layout, int align, const std::string& arch,
-                                        const Chain& chain) {
+std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, const Chain& chain) {
   char family[kFamilyBufSize];
-  fwd_family(a, layout, family);
-  const FwdParams& p = a.p;
-  const unsigned features = call_features(p);
+  family_of(p, family);
+  const unsigned features = p.features;
+  const int align = p.align;
   auto d = std::make_shared<Decision>();
   d->arch = arch;
   d->alignment = align;
@@ -274,7 +224,7 @@ std::shared_ptr<const Decision> compute(const FwdArgs& a, Layout layout, int ali
     d->detail += skipped;
     return d;
   }
-  d->variant = std::shared_ptr<const KernelVariant>(std::shared_ptr<void>(), &catalog_choice(family, align));
+  d->variant = std::shared_ptr<const KernelVariant>(std::shared_ptr<void>(), &catalog_choice(family, align, p.op == Op::bwd ? "x/dout/dx" : "x/out"));
   d->reason = "default";
   d->source = "catalog";
   if (arch.empty())
@@ -292,11 +242,10 @@ std::shared_ptr<const Decision> compute(const FwdArgs& a, Layout layout, int ali
 
 class Dispatcher {
  public:
-  std::shared_ptr<const Decision> decide(const FwdArgs& a, Layout layout, int align, int arch_id) {
-    const Key key{a.p.batch,        a.p.dim,      a.p.seqlen,
-                  int32_t(arch_id), uint8_t(layout), uint8_t(a.x_dtype),
-                  uint8_t(a.w_dtype), uint8_t(a.width), uint8_t(call_features(a.p)),
-                  uint8_t(log2_of(align))};
+  std::shared_ptr<const Decision> decide(const Call& c, int arch_id) {
+    const Key key{c.batch,           c.dim,           c.seqlen,           int32_t(arch_id),
+                  uint8_t(c.op),     uint8_t(c.layout), uint8_t(c.x_dtype), uint8_t(c.w_dtype),
+                  uint8_t(c.width),  uint8_t(c.features), uint8_t(log2_of(c.align))};
     Chain chain;
     uint64_t generation;
     {
@@ -307,7 +256,7 @@ class Dispatcher {
       generation = generation_;
     }
     // Outside the lock: a first decision may read DB files.
-    std::shared_ptr<const Decision> d = compute(a, layout, align, archs().name(arch_id), chain);
+    std::shared_ptr<const Decision> d = compute(c, archs().name(arch_id), chain);
     g_decisions.fetch_add(1, std::memory_order_relaxed);
     bool fresh = false;
     {
@@ -320,7 +269,7 @@ class Dispatcher {
         d = it->second;
       }
     }
-    if (fresh && env().log_dispatch) warn(describe(*d, a, layout));
+    if (fresh && env().log_dispatch) warn(describe(*d, c));
     return d;
   }
 
@@ -347,9 +296,9 @@ class Dispatcher {
     ++generation_;
   }
 
-  static std::string describe(const Decision& d, const FwdArgs& a, Layout layout) {
+  static std::string describe(const Decision& d, const Call& c) {
     char family[kFamilyBufSize];
-    fwd_family(a, layout, family);
+    family_of(c, family);
     std::string s = "dispatch: " + (d.arch.empty() ? std::string("?") : d.arch) + " " + family + " " +
                     d.call_shape + " align " + std::to_string(d.alignment) + " -> " + d.variant->key + " (" +
                     d.reason;
@@ -374,16 +323,53 @@ Dispatcher& dispatcher() {
   return d;
 }
 
-std::shared_ptr<const Decision> decide_for(const FwdArgs& args, const std::string& arch) {
-  const Layout layout = validate_fwd(args);
-  int arch_id = 0;
+
+}  // namespace
+
+std::size_t family_of(const Call& c, char (&buf)[kFamilyBufSize]) {
+  return family_key(c.op == Op::bwd ? "bwd" : "fwd", c.layout, c.x_dtype, c.w_dtype, c.width, buf);
+}
+
+std::shared_ptr<const Decision> decide(const Call& c, int arch_id) { return dispatcher().decide(c, arch_id); }
+
+Location locate(const void* x) {
+  Location l{&cuda_backend(), -1};
+  l.device = l.backend->device_of_pointer(x);
+  if (l.device < 0) {
+    l.backend = &hip_backend();
+    l.device = l.backend->device_of_pointer(x);
+  }
+  return l;
+}
+
+[[noreturn]] void throw_no_device(const void* x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", x);
+  throw BackendError(std::string("no GPU backend owns pointer ") + buf +
+                     " (x): not CUDA or HIP device memory, or no driver/device is available");
+}
+
+// Remembered per (vendor, ordinal) so the hot path does not build the target string again.
+int arch_id_of(const Location& l) {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::atomic<int>, 2 * kMaxDevices> known{};  // id + 1; 0 = not yet
+  const bool cacheable = l.device < kMaxDevices;
+  const std::size_t slot = (l.backend == &cuda_backend() ? 0 : kMaxDevices) + std::size_t(l.device);
+  if (cacheable) {
+    if (int v = known[slot].load(std::memory_order_relaxed)) return v - 1;
+  }
+  const int id = archs().intern(l.backend->device_target(l.device));
+  if (cacheable) known[slot].store(id + 1, std::memory_order_relaxed);
+  return id;
+}
+
+int arch_id_for(const std::string& arch, const void* x) {
   if (!arch.empty()) {
     backend_for_target(arch);  // rejects what is not a target (the name becomes part of a path)
-    arch_id = archs().intern(arch);
-  } else if (const Location l = locate(args.p.x); l.device >= 0) {
-    arch_id = arch_id_of(l);
+    return archs().intern(arch);
   }
-  return dispatcher().decide(args, layout, fwd_alignment(args, layout), arch_id);
+  if (const Location l = locate(x); l.device >= 0) return arch_id_of(l);
+  return 0;
 }
 
 unsigned grid_dim(int64_t n, int tile, unsigned max) {
@@ -391,13 +377,11 @@ unsigned grid_dim(int64_t n, int tile, unsigned max) {
   return g > int64_t(max) ? max : unsigned(g);
 }
 
-// The variant's kernel in the device's current context: compiled (through the
-// compile cache) and loaded on first use there.
-void* function_on(const Location& l, const KernelVariant& v) {
+Functions functions_on(const Location& l, const KernelVariant& v, bool with_reduce) {
   Backend* backend = l.backend;
   const int device = l.device;
-  void* function = backend->find_function(device, v.hash);
-  if (!function) {
+  Functions f = backend->find_functions(device, v.hash);
+  if (!f.kernel || (with_reduce && !f.reduce)) {
     // First use of this variant in this context: the only slow path.
     const std::string actual = sha256_hex(v.source);
     if (actual != v.hash)
@@ -405,48 +389,10 @@ void* function_on(const Location& l, const KernelVariant& v) {
                             actual + ")");
     const std::string target = backend->device_target(device);
     CompileResult r = compile_cached(*backend, v.source, target, {});
-    function = backend->load_function(device, v.hash, r.binary, v.smem_bytes);
+    f = backend->load_functions(device, v.hash, r.binary, v.smem_bytes, with_reduce);
     g_loads.fetch_add(1, std::memory_order_relaxed);
   }
-  return function;
-}
-
-void launch_on(const Location& l, const KernelVariant& v, const FwdArgs& a) {
-  Backend* backend = l.backend;
-  const int device = l.device;
-  void* function = function_on(l, v);
-  const Dim3 max = backend->max_grid(device);
-  const Dim3 grid{grid_dim(a.p.seqlen, v.tile_l, max.x), grid_dim(a.p.dim, v.tile_d, max.y),
-                  grid_dim(a.p.batch, 1, max.z)};
-  FwdParams params = a.p;
-  backend->launch(function, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), a.stream, &params,
-                  sizeof params);
-}
-
-// The device prepare_fwd loads for (see cc1d.h).
-Location prepare_location(const void* x, int device) {
-  if (device < -1)
-    throw InvalidArgument("device must be -1 (x's device, else the current one) or a device ordinal >= 0, got " +
-                          std::to_string(device));
-  if (device < 0) {
-    if (Location l = locate(x); l.device >= 0) return l;
-  }
-  for (Backend* b : {&cuda_backend(), &hip_backend()}) {
-    const int n = b->device_count();
-    if (n == 0) continue;
-    const int current = b->current_device();
-    if (device < 0) return {b, current >= 0 ? current : 0};  // none current: device 0, as the runtime API does
-    if (device >= n)
-      throw InvalidArgument("device must be a " + std::string(b->vendor()) + " device ordinal in [0, " +
-                            std::to_string(n) + "), got " + std::to_string(device));
-    // Kernels load into the current context: the calls must find them there.
-    if (current >= 0 && current != device)
-      throw InvalidArgument("device " + std::to_string(device) + " is not the calling thread's current device (" +
-                            std::to_string(current) + "): make it current first (cudaSetDevice, "
-                            "torch.cuda.device), so the kernel loads where the calls will look for it");
-    return {b, device};
-  }
-  throw BackendError("prepare_fwd: no GPU to prepare for: no CUDA or HIP driver with a device is available");
+  return f;
 }
 
 Explanation explanation_of(const Decision& d) {
@@ -471,32 +417,9 @@ void check_variant_shape(const KernelVariant& v) {
                           std::to_string(v.smem_bytes) + " align_bytes=" + std::to_string(v.align_bytes));
 }
 
-}  // namespace
-
-void causal_conv1d_fwd(const FwdArgs& args) {
-  const Layout layout = validate_fwd(args);
-  const Location l = locate(args.p.x);
-  if (l.device < 0) throw_no_device(args.p.x);
-  const std::shared_ptr<const Decision> d =
-      dispatcher().decide(args, layout, fwd_alignment(args, layout), arch_id_of(l));
-  launch_on(l, *d->variant, args);
-}
-
-KernelVariant select_fwd(const FwdArgs& args, const std::string& arch) {
-  return *decide_for(args, arch)->variant;
-}
-
-Explanation explain_fwd(const FwdArgs& args, const std::string& arch) {
-  return explanation_of(*decide_for(args, arch));
-}
-
-Explanation prepare_fwd(const FwdArgs& args, int device) {
-  const Layout layout = validate_fwd(args);
-  const Location l = prepare_location(args.p.x, device);
-  const std::shared_ptr<const Decision> d =
-      dispatcher().decide(args, layout, fwd_alignment(args, layout), arch_id_of(l));
-  function_on(l, *d->variant);
-  return explanation_of(*d);
+void check_variant_serves(const KernelVariant& v, const char* family, std::size_t n) {
+  if (v.key.compare(0, n, family) != 0 || (v.key.size() > n && v.key[n] != '.'))
+    throw InvalidArgument("variant " + v.key + " does not serve this call, whose family is " + family);
 }
 
 DispatchStats dispatch_stats() {
@@ -510,22 +433,6 @@ void set_package_dir(const std::string& dir) { dispatcher().set_package_dir(dir)
 void clear_dispatch_cache() {
   dispatcher().clear();
   clear_tuned_sets();
-}
-
-void launch_fwd(const KernelVariant& v, const FwdArgs& args) {
-  const Layout layout = validate_fwd(args);
-  check_variant_shape(v);
-  char family[kFamilyBufSize];
-  const std::size_t n = fwd_family(args, layout, family);
-  if (v.key.compare(0, n, family) != 0 || (v.key.size() > n && v.key[n] != '.'))
-    throw InvalidArgument("variant " + v.key + " does not serve this call, whose family is " + family);
-  const int align = fwd_alignment(args, layout);
-  if (align % v.align_bytes != 0)
-    throw InvalidArgument("variant " + v.key + " needs x/out base addresses and batch/outer strides aligned to " +
-                          std::to_string(v.align_bytes) + " bytes, the call gives " + std::to_string(align));
-  const Location l = locate(args.p.x);
-  if (l.device < 0) throw_no_device(args.p.x);
-  launch_on(l, v, args);
 }
 
 }  // namespace cc1d

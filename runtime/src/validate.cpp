@@ -23,9 +23,10 @@ void require_non_negative(const char* name, int64_t v) {
 }
 
 // Largest element offset reached by a tensor, checked against int64 overflow
-// in bytes (the kernels index with 64-bit offsets).
-void check_extent(const char* tensor, std::initializer_list<std::pair<int64_t, int64_t>> size_stride,
-                  int esize) {
+// in bytes (the kernels index with 64-bit offsets). Returns the bytes from the
+// base address to the end of the last element.
+int64_t check_extent(const char* tensor, std::initializer_list<std::pair<int64_t, int64_t>> size_stride,
+                     int esize) {
   int64_t last = 0;
   for (auto [size, stride] : size_stride) {
     int64_t t = 0;
@@ -35,6 +36,7 @@ void check_extent(const char* tensor, std::initializer_list<std::pair<int64_t, i
   int64_t bytes = 0;
   if (__builtin_mul_overflow(last + 1, int64_t(esize), &bytes))
     throw InvalidArgument(std::string(tensor) + ": extent in bytes overflows int64");
+  return bytes;
 }
 
 void check_aligned(const char* name, const void* p, int esize) {
@@ -49,20 +51,37 @@ int low_bit_cap(uint64_t v, int cap) {
   return b >= uint64_t(cap) ? cap : int(b);
 }
 
+// The checks forward and backward share: dtype pair, width, sizes.
+void check_dtypes_sizes(DType x_dtype, DType w_dtype, int width, int64_t batch, int64_t dim, int64_t seqlen) {
+  const int xd = int(x_dtype), wd = int(w_dtype);
+  if (xd < 0 || xd > 2) throw TypeMismatch("x_dtype must be 0 (f32), 1 (f16) or 2 (bf16), got " + str(xd));
+  if (wd < 0 || wd > 2) throw TypeMismatch("w_dtype must be 0 (f32), 1 (f16) or 2 (bf16), got " + str(wd));
+  if (w_dtype != x_dtype && w_dtype != DType::f32)
+    throw TypeMismatch(std::string("weight dtype must equal x dtype (") + dtype_name(x_dtype) +
+                       ") or be f32, got " + dtype_name(w_dtype));
+  if (width < 2 || width > 8) throw InvalidArgument("width must be in [2, 8], got " + str(width));
+  require_positive("batch", batch);
+  require_positive("dim", dim);
+  require_positive("seqlen", seqlen);
+}
+
+// Byte ranges [base, base + bytes) that intersect. Conservative for strided
+// tensors (interleaved ones that share no element are refused too).
+void check_disjoint(const char* a, const void* pa, int64_t a_bytes, const char* b, const void* pb,
+                    int64_t b_bytes, const char* why) {
+  const uintptr_t a0 = reinterpret_cast<uintptr_t>(pa), b0 = reinterpret_cast<uintptr_t>(pb);
+  const uintptr_t a1 = a0 + uintptr_t(a_bytes), b1 = b0 + uintptr_t(b_bytes);
+  if (a0 < b1 && b0 < a1)
+    throw InvalidArgument(std::string(a) + " must not overlap " + b + " (" + why + "): " + a + " spans [" +
+                          ptr_str(pa) + ", " + ptr_str(reinterpret_cast<const void*>(a1)) + "), " + b + " [" +
+                          ptr_str(pb) + ", " + ptr_str(reinterpret_cast<const void*>(b1)) + ")");
+}
+
 }  // namespace
 
 Layout validate_fwd(const FwdArgs& a) {
   const FwdParams& p = a.p;
-  const int xd = int(a.x_dtype), wd = int(a.w_dtype);
-  if (xd < 0 || xd > 2) throw TypeMismatch("x_dtype must be 0 (f32), 1 (f16) or 2 (bf16), got " + str(xd));
-  if (wd < 0 || wd > 2) throw TypeMismatch("w_dtype must be 0 (f32), 1 (f16) or 2 (bf16), got " + str(wd));
-  if (a.w_dtype != a.x_dtype && a.w_dtype != DType::f32)
-    throw TypeMismatch(std::string("weight dtype must equal x dtype (") + dtype_name(a.x_dtype) +
-                       ") or be f32, got " + dtype_name(a.w_dtype));
-  if (a.width < 2 || a.width > 8) throw InvalidArgument("width must be in [2, 8], got " + str(a.width));
-  require_positive("batch", p.batch);
-  require_positive("dim", p.dim);
-  require_positive("seqlen", p.seqlen);
+  check_dtypes_sizes(a.x_dtype, a.w_dtype, a.width, p.batch, p.dim, p.seqlen);
   if (!p.x) throw InvalidArgument("x must not be null");
   if (!p.weight) throw InvalidArgument("weight must not be null");
   if (!p.out) throw InvalidArgument("out must not be null");
@@ -125,10 +144,15 @@ Layout validate_fwd(const FwdArgs& a) {
   return layout;
 }
 
-std::size_t fwd_family(const FwdArgs& a, Layout layout, char (&buf)[kFamilyBufSize]) {
-  int n = std::snprintf(buf, kFamilyBufSize, "fwd.%s.%sw%s.w%d", layout == Layout::channel_first ? "cf" : "cl",
-                        dtype_name(a.x_dtype), dtype_name(a.w_dtype), a.width);
+std::size_t family_key(const char* op, Layout layout, DType x_dtype, DType w_dtype, int width,
+                       char (&buf)[kFamilyBufSize]) {
+  int n = std::snprintf(buf, kFamilyBufSize, "%s.%s.%sw%s.w%d", op, layout == Layout::channel_first ? "cf" : "cl",
+                        dtype_name(x_dtype), dtype_name(w_dtype), width);
   return n < 0 ? 0 : std::size_t(n);
+}
+
+std::size_t fwd_family(const FwdArgs& a, Layout layout, char (&buf)[kFamilyBufSize]) {
+  return family_key("fwd", layout, a.x_dtype, a.w_dtype, a.width, buf);
 }
 
 int fwd_alignment(const FwdArgs& a, Layout layout) {
@@ -139,6 +163,143 @@ int fwd_alignment(const FwdArgs& a, Layout layout) {
                   uint64_t(p.x_batch_stride) * es | uint64_t(p.out_batch_stride) * es |
                   uint64_t(cf ? p.x_dim_stride : p.x_l_stride) * es |
                   uint64_t(cf ? p.out_dim_stride : p.out_l_stride) * es;
+  return low_bit_cap(bits, 256);
+}
+
+// ---- backward -------------------------------------------------------------
+
+Layout validate_bwd(const BwdArgs& a, bool launching) {
+  const BwdParams& p = a.p;
+  check_dtypes_sizes(a.x_dtype, a.w_dtype, a.width, p.batch, p.dim, p.seqlen);
+  if (!p.x) throw InvalidArgument("x must not be null");
+  if (!p.weight) throw InvalidArgument("weight must not be null");
+  if (!p.dout) throw InvalidArgument("dout must not be null");
+  if (!p.dx) throw InvalidArgument("dx must not be null");
+  if (!p.dweight) throw InvalidArgument("dweight must not be null");
+  if (p.silu != 0 && p.silu != 1) throw InvalidArgument("silu must be 0 or 1, got " + str(p.silu));
+  if (p.dinitial_states && !p.initial_states)
+    throw InvalidArgument("dinitial_states is given but initial_states is null: its gradient exists only "
+                          "when the forward had initial states");
+  if (p.dbias && !p.bias)
+    throw InvalidArgument("dbias is given but bias is null: pass the forward's bias (it is also part of the "
+                          "pre-activation the gradient needs), or no dbias");
+  if (launching) {
+    if (!p.partials)
+      throw InvalidArgument("partials (the workspace) must not be null: allocate bwd_workspace_bytes() bytes");
+    if (reinterpret_cast<uintptr_t>(p.partials) % 16 != 0)
+      throw InvalidArgument("partials (the workspace) must be 16-byte aligned, got address " + ptr_str(p.partials));
+  }
+
+  const int xs = dtype_size(a.x_dtype), ws = dtype_size(a.w_dtype);
+  Layout layout;
+  if (p.x_l_stride == 1) {
+    layout = Layout::channel_first;
+    if (p.dout_l_stride != 1)
+      throw InvalidArgument("dout_l_stride must be 1 like x_l_stride (channel-first layout: x, dout and dx share "
+                            "one layout), got " + str(p.dout_l_stride));
+    if (p.dx_l_stride != 1)
+      throw InvalidArgument("dx_l_stride must be 1 like x_l_stride (channel-first layout: x, dout and dx share "
+                            "one layout), got " + str(p.dx_l_stride));
+  } else if (p.x_dim_stride == 1) {
+    layout = Layout::channel_last;
+    if (p.dout_dim_stride != 1)
+      throw InvalidArgument("dout_dim_stride must be 1 like x_dim_stride (channel-last layout: x, dout and dx "
+                            "share one layout), got " + str(p.dout_dim_stride));
+    if (p.dx_dim_stride != 1)
+      throw InvalidArgument("dx_dim_stride must be 1 like x_dim_stride (channel-last layout: x, dout and dx "
+                            "share one layout), got " + str(p.dx_dim_stride));
+  } else {
+    throw InvalidArgument("x must have x_l_stride == 1 (channel-first) or x_dim_stride == 1 (channel-last), got "
+                          "x_dim_stride=" + str(p.x_dim_stride) + ", x_l_stride=" + str(p.x_l_stride));
+  }
+  require_non_negative("x_batch_stride", p.x_batch_stride);
+  require_non_negative("x_dim_stride", p.x_dim_stride);
+  require_non_negative("x_l_stride", p.x_l_stride);
+  require_non_negative("dout_batch_stride", p.dout_batch_stride);
+  require_non_negative("dout_dim_stride", p.dout_dim_stride);
+  require_non_negative("dout_l_stride", p.dout_l_stride);
+  require_non_negative("dx_batch_stride", p.dx_batch_stride);
+  require_non_negative("dx_dim_stride", p.dx_dim_stride);
+  require_non_negative("dx_l_stride", p.dx_l_stride);
+  require_non_negative("w_dim_stride", p.w_dim_stride);
+  require_non_negative("w_width_stride", p.w_width_stride);
+  require_non_negative("dw_dim_stride", p.dw_dim_stride);
+  require_non_negative("dw_width_stride", p.dw_width_stride);
+  check_aligned("x", p.x, xs);
+  check_aligned("dout", p.dout, xs);
+  check_aligned("dx", p.dx, xs);
+  check_aligned("weight", p.weight, ws);
+  check_aligned("dweight", p.dweight, ws);
+  const int64_t x_bytes =
+      check_extent("x", {{p.batch, p.x_batch_stride}, {p.dim, p.x_dim_stride}, {p.seqlen, p.x_l_stride}}, xs);
+  const int64_t dout_bytes = check_extent(
+      "dout", {{p.batch, p.dout_batch_stride}, {p.dim, p.dout_dim_stride}, {p.seqlen, p.dout_l_stride}}, xs);
+  const int64_t dx_bytes =
+      check_extent("dx", {{p.batch, p.dx_batch_stride}, {p.dim, p.dx_dim_stride}, {p.seqlen, p.dx_l_stride}}, xs);
+  check_extent("weight", {{p.dim, p.w_dim_stride}, {a.width, p.w_width_stride}}, ws);
+  check_extent("dweight", {{p.dim, p.dw_dim_stride}, {a.width, p.dw_width_stride}}, ws);
+  // Blocks read x and dout windows around their tile (halo) while others write dx.
+  check_disjoint("dx", p.dx, dx_bytes, "dout", p.dout, dout_bytes,
+                 "the kernel reads dout's neighbours after writing dx; in-place is not supported");
+  check_disjoint("dx", p.dx, dx_bytes, "x", p.x, x_bytes,
+                 "the kernel reads x's neighbours after writing dx; in-place is not supported");
+  if (p.bias) {
+    require_non_negative("bias_stride", p.bias_stride);
+    check_aligned("bias", p.bias, ws);
+    check_extent("bias", {{p.dim, p.bias_stride}}, ws);
+  }
+  if (p.dbias) {
+    require_non_negative("db_stride", p.db_stride);
+    check_aligned("dbias", p.dbias, ws);
+    check_extent("dbias", {{p.dim, p.db_stride}}, ws);
+  }
+  if (p.seq_idx) {
+    require_non_negative("seq_batch_stride", p.seq_batch_stride);
+    require_non_negative("seq_l_stride", p.seq_l_stride);
+    check_aligned("seq_idx", p.seq_idx, 4);
+    check_extent("seq_idx", {{p.batch, p.seq_batch_stride}, {p.seqlen, p.seq_l_stride}}, 4);
+  }
+  const int64_t w1 = a.width - 1;
+  if (p.initial_states) {
+    require_non_negative("is_batch_stride", p.is_batch_stride);
+    require_non_negative("is_dim_stride", p.is_dim_stride);
+    require_non_negative("is_w_stride", p.is_w_stride);
+    check_aligned("initial_states", p.initial_states, xs);
+    check_extent("initial_states", {{p.batch, p.is_batch_stride}, {p.dim, p.is_dim_stride}, {w1, p.is_w_stride}}, xs);
+  }
+  if (p.dfinal_states) {
+    require_non_negative("dfs_batch_stride", p.dfs_batch_stride);
+    require_non_negative("dfs_dim_stride", p.dfs_dim_stride);
+    require_non_negative("dfs_w_stride", p.dfs_w_stride);
+    check_aligned("dfinal_states", p.dfinal_states, xs);
+    check_extent("dfinal_states", {{p.batch, p.dfs_batch_stride}, {p.dim, p.dfs_dim_stride}, {w1, p.dfs_w_stride}},
+                 xs);
+  }
+  if (p.dinitial_states) {
+    require_non_negative("dis_batch_stride", p.dis_batch_stride);
+    require_non_negative("dis_dim_stride", p.dis_dim_stride);
+    require_non_negative("dis_w_stride", p.dis_w_stride);
+    check_aligned("dinitial_states", p.dinitial_states, xs);
+    check_extent("dinitial_states",
+                 {{p.batch, p.dis_batch_stride}, {p.dim, p.dis_dim_stride}, {w1, p.dis_w_stride}}, xs);
+  }
+  return layout;
+}
+
+std::size_t bwd_family(const BwdArgs& a, Layout layout, char (&buf)[kFamilyBufSize]) {
+  return family_key("bwd", layout, a.x_dtype, a.w_dtype, a.width, buf);
+}
+
+int bwd_alignment(const BwdArgs& a, Layout layout) {
+  const BwdParams& p = a.p;
+  const uint64_t es = uint64_t(dtype_size(a.x_dtype));
+  const bool cf = layout == Layout::channel_first;
+  uint64_t bits = reinterpret_cast<uintptr_t>(p.x) | reinterpret_cast<uintptr_t>(p.dout) |
+                  reinterpret_cast<uintptr_t>(p.dx) | uint64_t(p.x_batch_stride) * es |
+                  uint64_t(p.dout_batch_stride) * es | uint64_t(p.dx_batch_stride) * es |
+                  uint64_t(cf ? p.x_dim_stride : p.x_l_stride) * es |
+                  uint64_t(cf ? p.dout_dim_stride : p.dout_l_stride) * es |
+                  uint64_t(cf ? p.dx_dim_stride : p.dx_l_stride) * es;
   return low_bit_cap(bits, 256);
 }
 

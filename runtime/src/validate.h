@@ -16,10 +16,20 @@ Layout validate_fwd(const FwdArgs& a);
 
 // "fwd.cl.bf16wf32.w4" written into `buf` (no allocation); returns its length.
 constexpr std::size_t kFamilyBufSize = 32;
+std::size_t family_key(const char* op, Layout layout, DType x_dtype, DType w_dtype, int width,
+                       char (&buf)[kFamilyBufSize]);
 std::size_t fwd_family(const FwdArgs& a, Layout layout, char (&buf)[kFamilyBufSize]);
 
 // Largest power of two (capped at 256) dividing the x and out base addresses
 // and their batch and outer strides in bytes: the alignment a variant may assume.
 int fwd_alignment(const FwdArgs& a, Layout layout);
+
+// The backward's checks (cc1d.h, causal_conv1d_bwd). `launching`: also check
+// p.partials (non-null, 16-byte aligned); its size needs the variant and is
+// checked where the variant is known. Returns the layout of x, dout and dx.
+Layout validate_bwd(const BwdArgs& a, bool launching);
+std::size_t bwd_family(const BwdArgs& a, Layout layout, char (&buf)[kFamilyBufSize]);
+// As fwd_alignment, over x, dout and dx.
+int bwd_alignment(const BwdArgs& a, Layout layout);
 
 }  // namespace cc1d

@@ -1,6 +1,7 @@
 // cc1d public C++ API: causal depthwise conv1d kernels compiled at run time
 // (NVRTC on NVIDIA, hipRTC on AMD) and launched on the caller's stream.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
@@ -27,17 +28,18 @@ struct BackendError : Error { using Error::Error; };      // driver / library fa
 // ---- kernel variants ----------------------------------------------------
 // What the runtime needs to compile and launch one generated kernel. The
 // generator (Python) produces these; the default catalog and the tuning DB
-// store them. Grid = (ceil(seqlen/tile_l), ceil(dim/tile_d), batch), each
-// clamped to the device limit (kernels loop over the remainder).
+// store them. Forward grid = (ceil(seqlen/tile_l), ceil(dim/tile_d), batch),
+// each clamped to the device limit (kernels loop over the remainder); the
+// backward's two grids are described at causal_conv1d_bwd.
 struct KernelVariant {
-  std::string key;      // readable: fwd.cf.bf16wf32.w4.t128.v16.n2.r1.hreload
+  std::string key;      // readable: fwd.cf.bf16wf32.w4.t128.v16.n2.r1.hreload, bwd.cl.f16wf32.w3...
   std::string hash;     // sha256 hex of `source`
-  std::string source;   // complete translation unit, entry point `cc1d_kernel`
-  int threads = 0;      // threads per block
-  int tile_l = 0;       // sequence positions per block
+  std::string source;   // complete translation unit, entry point `cc1d_kernel` (bwd: and `cc1d_reduce`)
+  int threads = 0;      // threads per block (of cc1d_kernel)
+  int tile_l = 0;       // sequence positions per block (bwd: per work item)
   int tile_d = 0;       // channels per block
   int smem_bytes = 0;   // dynamic shared memory per block
-  int align_bytes = 1;  // x/out base pointers and outer strides must be multiples of this (bytes)
+  int align_bytes = 1;  // x/out (bwd: x/dout/dx) base pointers and outer strides must be multiples of this (bytes)
 };
 
 // ---- forward ------------------------------------------------------------
@@ -118,6 +120,53 @@ void clear_dispatch_cache();
 // cache and launch path as causal_conv1d_fwd). Throws InvalidArgument if the
 // call breaks the variant's stated requirements.
 void launch_fwd(const KernelVariant& v, const FwdArgs& args);
+
+// ---- backward -----------------------------------------------------------
+// Gradients of causal_conv1d_fwd: dx (and dinitial_states) from dout, plus
+// dweight (and dbias). Variants are of family bwd.<cf|cl>.<x>w<w>.w<width>
+// and come from the same catalog and tuning-DB chain as the forward's.
+struct BwdArgs {
+  BwdParams p{};               // pointers, sizes, strides (elements), silu; p.splits is set by the runtime
+  DType x_dtype = DType::f32;  // x, dout, dx, initial_states, dfinal_states, dinitial_states
+  DType w_dtype = DType::f32;  // weight, bias, dweight, dbias
+  int width = 0;               // 2..8
+  size_t workspace_bytes = 0;  // bytes at p.partials (caller-allocated device memory, 16-byte aligned)
+  void* stream = nullptr;      // CUstream / hipStream_t; nullptr = default stream
+};
+
+// Checks the arguments (InvalidArgument / TypeMismatch naming the field), picks
+// a variant as causal_conv1d_fwd does (memoised; features: bias, silu, seqidx,
+// init = initial_states given, final = dfinal_states given; alignment of x,
+// dout and dx) and launches, on `stream`, its two kernels:
+//   cc1d_kernel: grid (splits, min(ceil(dim/tile_d), 65535)), `threads` threads;
+//     writes dx, dinitial_states and per-split fp32 partial sums of dweight/dbias
+//     into p.partials ([splits][dim][width + 1]);
+//   cc1d_reduce: grid ceil(dim*(width+1)/256) of 256 threads; sums the partials
+//     in split order into dweight (and dbias if given).
+// splits = max(1, min(batch*ceil(seqlen/tile_l), ceil(2048/min(ceil(dim/tile_d), 65535))))
+// depends on the variant only, never on the device, and there are no float
+// atomics: for one variant the results are bitwise reproducible.
+// Requirements beyond the forward's: x, dout and dx share one layout; dx
+// overlaps neither x nor dout (the kernel reads their neighbours after writing
+// dx); dinitial_states only with initial_states, dbias only with bias; p.partials
+// non-null, 16-byte aligned, workspace_bytes >= bwd_workspace_bytes(args).
+// Allocates and synchronises nothing once the kernels are loaded.
+void causal_conv1d_bwd(const BwdArgs& args);
+
+// Bytes of p.partials the call needs: splits * dim * (width + 1) * 4 for the
+// variant causal_conv1d_bwd would pick (the same memoised decision; `arch` as
+// in select_fwd). p.partials and workspace_bytes are not looked at, so call it
+// before allocating the workspace. Needs no GPU when `arch` is given.
+size_t bwd_workspace_bytes(const BwdArgs& args, const std::string& arch = "");
+
+// The variant causal_conv1d_bwd would launch, and why (as select_fwd and
+// explain_fwd; p.partials and workspace_bytes are not looked at).
+KernelVariant select_bwd(const BwdArgs& args, const std::string& arch = "");
+Explanation explain_bwd(const BwdArgs& args, const std::string& arch = "");
+
+// Launches exactly this variant's two kernels (tests, tuner). Its workspace
+// need is splits * dim * (width + 1) * 4 bytes with this variant's tiles.
+void launch_bwd(const KernelVariant& v, const BwdArgs& args);
 
 // ---- compilation without a GPU -------------------------------------------
 struct CompileResult {

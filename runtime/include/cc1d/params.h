@@ -29,4 +29,40 @@ struct FwdParams {
 
 static_assert(sizeof(FwdParams) == 28 * 8, "FwdParams must stay 8-byte fields only");
 
+// Backward: gradients of the forward above. Two kernels per variant share it:
+// `cc1d_kernel` (grid: `splits` x channel groups) writes dx, dinitial_states and
+// per-split fp32 partial sums of dweight/dbias; `cc1d_reduce` (one thread per
+// (channel, tap)) sums the partials in split order into dweight/dbias, so the
+// result is bitwise reproducible (no float atomics).
+struct BwdParams {
+  const void* x;               // forward input, (batch, dim, seqlen) viewed
+  const void* weight;          // (dim, width)
+  const void* bias;            // (dim,) or nullptr (the pre-activation needs it with SiLU)
+  const int32_t* seq_idx;      // (batch, seqlen) or nullptr
+  const void* initial_states;  // (batch, dim, width-1) or nullptr
+  const void* dout;            // gradient of out, x's logical shape, x's dtype
+  const void* dfinal_states;   // (batch, dim, width-1) or nullptr
+  void* dx;                    // x's logical shape and dtype
+  void* dinitial_states;       // (batch, dim, width-1), x's dtype, or nullptr
+  void* dweight;               // (dim, width), weight's dtype
+  void* dbias;                 // (dim,), weight's dtype, or nullptr
+  float* partials;             // workspace: [splits][dim][width + 1] fp32 (taps, then bias)
+  int64_t batch, dim, seqlen;
+  int64_t x_batch_stride, x_dim_stride, x_l_stride;
+  int64_t w_dim_stride, w_width_stride;
+  int64_t bias_stride;
+  int64_t dout_batch_stride, dout_dim_stride, dout_l_stride;
+  int64_t dx_batch_stride, dx_dim_stride, dx_l_stride;
+  int64_t seq_batch_stride, seq_l_stride;
+  int64_t is_batch_stride, is_dim_stride, is_w_stride;
+  int64_t dfs_batch_stride, dfs_dim_stride, dfs_w_stride;
+  int64_t dis_batch_stride, dis_dim_stride, dis_w_stride;
+  int64_t dw_dim_stride, dw_width_stride;
+  int64_t db_stride;
+  int64_t silu;                // 0 or 1
+  int64_t splits;              // gridDim.x of cc1d_kernel: rows of `partials`
+};
+
+static_assert(sizeof(BwdParams) == 43 * 8, "BwdParams must stay 8-byte fields only");
+
 }  // namespace cc1d

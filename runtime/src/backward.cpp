@@ -1,0 +1,132 @@
+// Backward entry points (cc1d.h): check, decide (dispatch.h, op "bwd"), size
+// the workspace, launch cc1d_kernel then cc1d_reduce on the caller's stream.
+#include <algorithm>
+#include <cstdint>
+
+#include "cc1d/cc1d.h"
+#include "dispatch.h"
+#include "tuning_db.h"
+
+namespace cc1d {
+namespace {
+
+// The kernels' contract (templates/bwd_*.j2). Constants, not device limits, so
+// that splits (the partials' summation order) is the same on every device.
+constexpr int64_t kTargetBlocks = 2048;  // cc1d_kernel blocks aimed at: splits x channel groups
+constexpr int64_t kMaxGroups = 65535;    // grid.y of cc1d_kernel; the kernel loops over further groups
+constexpr unsigned kReduceThreads = 256; // block of cc1d_reduce: one thread per (channel, tap or bias)
+
+int64_t ceil_div(int64_t n, int64_t d) { return n / d + (n % d != 0); }
+
+Call bwd_call(const BwdArgs& a, Layout layout) {
+  const BwdParams& p = a.p;
+  Call c;
+  c.op = Op::bwd;
+  c.layout = layout;
+  c.x_dtype = a.x_dtype;
+  c.w_dtype = a.w_dtype;
+  c.width = a.width;
+  c.batch = p.batch;
+  c.dim = p.dim;
+  c.seqlen = p.seqlen;
+  // The forward's feature names: "final" is dfinal_states (the gradient of final_states).
+  c.features = (p.bias ? kBias : 0u) | (p.silu ? kSilu : 0u) | (p.seq_idx ? kSeqIdx : 0u) |
+               (p.initial_states ? kInit : 0u) | (p.dfinal_states ? kFinal : 0u);
+  c.align = bwd_alignment(a, layout);
+  return c;
+}
+
+int64_t channel_groups(const BwdParams& p, const KernelVariant& v) {
+  return std::min(ceil_div(p.dim, v.tile_d), kMaxGroups);
+}
+
+// max(1, min(items, ceil(kTargetBlocks / groups))), items = batch * ceil(seqlen / tile_l).
+int64_t splits_of(const BwdParams& p, const KernelVariant& v) {
+  int64_t items = 0;
+  if (__builtin_mul_overflow(p.batch, ceil_div(p.seqlen, v.tile_l), &items)) items = INT64_MAX;
+  return std::max<int64_t>(1, std::min(items, ceil_div(kTargetBlocks, channel_groups(p, v))));
+}
+
+// splits * dim * (width + 1) fp32 partial sums.
+size_t workspace_for(const BwdArgs& a, const KernelVariant& v) {
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(uint64_t(splits_of(a.p, v)), uint64_t(a.p.dim), &bytes) ||
+      __builtin_mul_overflow(bytes, uint64_t(a.width + 1) * 4u, &bytes) || bytes > SIZE_MAX)
+    throw InvalidArgument("the backward's workspace (splits x dim x (width + 1) x 4 bytes) overflows for dim=" +
+                          std::to_string(a.p.dim));
+  return size_t(bytes);
+}
+
+void check_workspace(const BwdArgs& a, const KernelVariant& v) {
+  const size_t need = workspace_for(a, v);
+  if (a.workspace_bytes < need)
+    throw InvalidArgument("workspace_bytes must be >= " + std::to_string(need) + " (splits " +
+                          std::to_string(splits_of(a.p, v)) + " x dim " + std::to_string(a.p.dim) +
+                          " x (width + 1) x 4 bytes, for variant " + v.key + "; see bwd_workspace_bytes), got " +
+                          std::to_string(a.workspace_bytes));
+}
+
+std::shared_ptr<const Decision> decide_for(const BwdArgs& args, const std::string& arch) {
+  const Layout layout = validate_bwd(args, /*launching=*/false);
+  return decide(bwd_call(args, layout), arch_id_for(arch, args.p.x));
+}
+
+void launch_on(const Location& l, const KernelVariant& v, const BwdArgs& a) {
+  Backend* backend = l.backend;
+  const Functions f = functions_on(l, v, /*with_reduce=*/true);
+  const Dim3 max = backend->max_grid(l.device);
+  int64_t sums = 0;  // (channel, tap or bias) pairs: one thread each
+  if (__builtin_mul_overflow(a.p.dim, int64_t(a.width + 1), &sums)) sums = INT64_MAX;
+  const int64_t reduce_blocks = ceil_div(sums, kReduceThreads);
+  if (reduce_blocks > int64_t(max.x))
+    throw InvalidArgument("dim " + std::to_string(a.p.dim) + " is too large for cc1d_reduce's grid (" +
+                          std::to_string(reduce_blocks) + " blocks > " + std::to_string(max.x) + ")");
+  BwdParams params = a.p;
+  params.splits = splits_of(a.p, v);
+  const Dim3 grid{unsigned(params.splits), unsigned(std::min<int64_t>(channel_groups(a.p, v), max.y)), 1};
+  backend->launch(f.kernel, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), a.stream, &params,
+                  sizeof params);
+  // Same stream: runs after cc1d_kernel has written every split's partials.
+  backend->launch(f.reduce, Dim3{unsigned(reduce_blocks), 1, 1}, Dim3{kReduceThreads, 1, 1}, 0, a.stream, &params,
+                  sizeof params);
+}
+
+}  // namespace
+
+void causal_conv1d_bwd(const BwdArgs& args) {
+  const Layout layout = validate_bwd(args, /*launching=*/true);
+  const Location l = locate(args.p.x);
+  if (l.device < 0) throw_no_device(args.p.x);
+  const std::shared_ptr<const Decision> d = decide(bwd_call(args, layout), arch_id_of(l));
+  check_workspace(args, *d->variant);
+  launch_on(l, *d->variant, args);
+}
+
+size_t bwd_workspace_bytes(const BwdArgs& args, const std::string& arch) {
+  return workspace_for(args, *decide_for(args, arch)->variant);
+}
+
+KernelVariant select_bwd(const BwdArgs& args, const std::string& arch) {
+  return *decide_for(args, arch)->variant;
+}
+
+Explanation explain_bwd(const BwdArgs& args, const std::string& arch) {
+  return explanation_of(*decide_for(args, arch));
+}
+
+void launch_bwd(const KernelVariant& v, const BwdArgs& args) {
+  const Layout layout = validate_bwd(args, /*launching=*/true);
+  check_variant_shape(v);
+  char family[kFamilyBufSize];
+  check_variant_serves(v, family, bwd_family(args, layout, family));
+  const int align = bwd_alignment(args, layout);
+  if (align % v.align_bytes != 0)
+    throw InvalidArgument("variant " + v.key + " needs x/dout/dx base addresses and batch/outer strides aligned to " +
+                          std::to_string(v.align_bytes) + " bytes, the call gives " + std::to_string(align));
+  check_workspace(args, v);
+  const Location l = locate(args.p.x);
+  if (l.device < 0) throw_no_device(args.p.x);
+  launch_on(l, v, args);
+}
+
+}  // namespace cc1d

@@ -1,0 +1,68 @@
+// The dispatcher shared by the forward (forward.cpp) and backward
+// (backward.cpp) entry points: which variant serves a call (tuning DBs along
+// the lookup chain, else the default catalog), memoised per (op, arch, family,
+// shape, features, alignment class); where x lives; a variant's kernels
+// compiled (once) and loaded (once per context).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend.h"
+#include "cc1d/cc1d.h"
+#include "validate.h"
+
+namespace cc1d {
+
+enum class Op : uint8_t { fwd = 0, bwd = 1 };
+
+// Everything a decision depends on, whatever the op.
+struct Call {
+  Op op = Op::fwd;
+  Layout layout = Layout::channel_first;
+  DType x_dtype = DType::f32, w_dtype = DType::f32;
+  int width = 0;
+  int64_t batch = 0, dim = 0, seqlen = 0;
+  unsigned features = 0;  // Feature bits (tuning_db.h)
+  int align = 0;          // the call's alignment class in bytes (a power of two <= 256)
+};
+
+// "fwd.cl.bf16wf32.w4" / "bwd.cf.f16wf16.w3" for the call; returns its length.
+std::size_t family_of(const Call& c, char (&buf)[kFamilyBufSize]);
+
+struct Decision {
+  std::shared_ptr<const KernelVariant> variant;
+  std::string reason, source, matched_shape, arch, call_shape, detail;
+  int alignment = 0;
+  double distance = -1;
+};
+
+// The memoised decision for `c` on the arch `arch_id` (0: unknown, the catalog).
+std::shared_ptr<const Decision> decide(const Call& c, int arch_id);
+
+// Arch id to decide for: `arch` if given (checked to be a target), else the
+// target of the device owning x, else 0 (unknown).
+int arch_id_for(const std::string& arch, const void* x);
+
+// Where x lives: the backend and device ordinal, or device < 0.
+struct Location {
+  Backend* backend = nullptr;
+  int device = -1;
+};
+Location locate(const void* x);
+[[noreturn]] void throw_no_device(const void* x);
+int arch_id_of(const Location& l);  // remembered per device
+
+// The variant's kernels in the device's current context: compiled (through
+// the compile cache) and loaded on first use there. with_reduce: cc1d_reduce
+// too (backward variants).
+Functions functions_on(const Location& l, const KernelVariant& v, bool with_reduce);
+
+unsigned grid_dim(int64_t n, int tile, unsigned max);
+Explanation explanation_of(const Decision& d);
+// A hand-made variant's geometry is sane (threads, tiles >= 1, ...).
+void check_variant_shape(const KernelVariant& v);
+// v's key starts with the call's family: "<family>.<params>".
+void check_variant_serves(const KernelVariant& v, const char* family, std::size_t family_len);
+
+}  // namespace cc1d

@@ -1,0 +1,109 @@
+// Forward entry points (cc1d.h): check, decide (dispatch.h), launch.
+#include "cc1d/cc1d.h"
+#include "dispatch.h"
+#include "tuning_db.h"
+
+namespace cc1d {
+namespace {
+
+Call fwd_call(const FwdArgs& a, Layout layout) {
+  const FwdParams& p = a.p;
+  Call c;
+  c.op = Op::fwd;
+  c.layout = layout;
+  c.x_dtype = a.x_dtype;
+  c.w_dtype = a.w_dtype;
+  c.width = a.width;
+  c.batch = p.batch;
+  c.dim = p.dim;
+  c.seqlen = p.seqlen;
+  c.features = (p.bias ? kBias : 0u) | (p.silu ? kSilu : 0u) | (p.seq_idx ? kSeqIdx : 0u) |
+               (p.initial_states ? kInit : 0u) | (p.final_states ? kFinal : 0u);
+  c.align = fwd_alignment(a, layout);
+  return c;
+}
+
+std::shared_ptr<const Decision> decide_for(const FwdArgs& args, const std::string& arch) {
+  const Layout layout = validate_fwd(args);
+  return decide(fwd_call(args, layout), arch_id_for(arch, args.p.x));
+}
+
+void launch_on(const Location& l, const KernelVariant& v, const FwdArgs& a) {
+  Backend* backend = l.backend;
+  const int device = l.device;
+  void* function = functions_on(l, v, /*with_reduce=*/false).kernel;
+  const Dim3 max = backend->max_grid(device);
+  const Dim3 grid{grid_dim(a.p.seqlen, v.tile_l, max.x), grid_dim(a.p.dim, v.tile_d, max.y),
+                  grid_dim(a.p.batch, 1, max.z)};
+  FwdParams params = a.p;
+  backend->launch(function, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), a.stream, &params,
+                  sizeof params);
+}
+
+// The device prepare_fwd loads for (see cc1d.h).
+Location prepare_location(const void* x, int device) {
+  if (device < -1)
+    throw InvalidArgument("device must be -1 (x's device, else the current one) or a device ordinal >= 0, got " +
+                          std::to_string(device));
+  if (device < 0) {
+    if (Location l = locate(x); l.device >= 0) return l;
+  }
+  for (Backend* b : {&cuda_backend(), &hip_backend()}) {
+    const int n = b->device_count();
+    if (n == 0) continue;
+    const int current = b->current_device();
+    if (device < 0) return {b, current >= 0 ? current : 0};  // none current: device 0, as the runtime API does
+    if (device >= n)
+      throw InvalidArgument("device must be a " + std::string(b->vendor()) + " device ordinal in [0, " +
+                            std::to_string(n) + "), got " + std::to_string(device));
+    // Kernels load into the current context: the calls must find them there.
+    if (current >= 0 && current != device)
+      throw InvalidArgument("device " + std::to_string(device) + " is not the calling thread's current device (" +
+                            std::to_string(current) + "): make it current first (cudaSetDevice, "
+                            "torch.cuda.device), so the kernel loads where the calls will look for it");
+    return {b, device};
+  }
+  throw BackendError("prepare_fwd: no GPU to prepare for: no CUDA or HIP driver with a device is available");
+}
+
+}  // namespace
+
+void causal_conv1d_fwd(const FwdArgs& args) {
+  const Layout layout = validate_fwd(args);
+  const Location l = locate(args.p.x);
+  if (l.device < 0) throw_no_device(args.p.x);
+  const std::shared_ptr<const Decision> d = decide(fwd_call(args, layout), arch_id_of(l));
+  launch_on(l, *d->variant, args);
+}
+
+KernelVariant select_fwd(const FwdArgs& args, const std::string& arch) {
+  return *decide_for(args, arch)->variant;
+}
+
+Explanation explain_fwd(const FwdArgs& args, const std::string& arch) {
+  return explanation_of(*decide_for(args, arch));
+}
+
+Explanation prepare_fwd(const FwdArgs& args, int device) {
+  const Layout layout = validate_fwd(args);
+  const Location l = prepare_location(args.p.x, device);
+  const std::shared_ptr<const Decision> d = decide(fwd_call(args, layout), arch_id_of(l));
+  functions_on(l, *d->variant, /*with_reduce=*/false);
+  return explanation_of(*d);
+}
+
+void launch_fwd(const KernelVariant& v, const FwdArgs& args) {
+  const Layout layout = validate_fwd(args);
+  check_variant_shape(v);
+  char family[kFamilyBufSize];
+  check_variant_serves(v, family, fwd_family(args, layout, family));
+  const int align = fwd_alignment(args, layout);
+  if (align % v.align_bytes != 0)
+    throw InvalidArgument("variant " + v.key + " needs x/out base addresses and batch/outer strides aligned to " +
+                          std::to_string(v.align_bytes) + " bytes, the call gives " + std::to_string(align));
+  const Location l = locate(args.p.x);
+  if (l.device < 0) throw_no_device(args.p.x);
+  launch_on(l, v, args);
+}
+
+}  // namespace cc1d
