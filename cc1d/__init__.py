@@ -14,6 +14,8 @@ __version__ = "0.1.0"
 
 _TORCH_API = {
     "causal_conv1d_fn": "cc1d.ops",
+    "causal_conv1d_bwd": "cc1d.backward",
+    "CausalConv1dFn": "cc1d.backward",
     "causal_conv1d_ref": "cc1d.reference",
     "explain": "cc1d.ops",
     "warmup": "cc1d._warmup",

@@ -164,6 +164,10 @@ def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
             final_states_out.copy_(fs)
             fs = final_states_out
         return (out, fs) if return_final_states else out
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                       for t in (x, weight, bias, initial_states)):
+        return _backward.CausalConv1dFn.apply(x, weight, bias, seq_idx, initial_states, return_final_states,
+                                    final_states_out, silu)
     if return_final_states and final_states_out is None:
         final_states_out = _final_states_buffer(x, weight, True)
     fs = final_states_out if return_final_states else None
@@ -212,3 +216,8 @@ def explain(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] 
           if return_final_states else None)
     args = _fwd_call_args(x, weight, bias, seq_idx, initial_states, fs, out, silu, 0)
     return runtime().explain_fwd(*args, arch=arch or "")
+
+
+# The backward registers itself as the forward op's autograd formula (torch.compile
+# training graphs); imported last because it builds on this module.
+from . import backward as _backward  # noqa: E402

@@ -1,0 +1,99 @@
+"""Backward benchmark: cc1d's backward (and forward + backward) on the backward
+shapes of ANCHORS.md, graph-timed, as a fraction of the copy ceiling measured in
+the same run (minimal bytes: read x and dout, write dx). The peer's backward
+(Dao-AILab causal_conv1d) is timed through its own low-level function when
+that is installed.
+
+    python benchmarks/bench_bwd.py [--out results.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+import cc1d
+from timing import copy_ceiling_gbps, graph_time_us, n_buffers
+
+DT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+# (layout, x dtype, weight dtype, width, batch, dim, seqlen)
+CASES = [
+    ("cf", "bf16", "bf16", 4, 8, 5120, 2048),
+    ("cf", "bf16", "bf16", 4, 2, 4096, 2048),
+    ("cl", "bf16", "bf16", 4, 8, 5120, 2048),
+    ("cl", "bf16", "bf16", 4, 2, 4096, 2048),
+    ("cf", "f32", "f32", 4, 8, 5120, 2048),
+]
+
+
+def _peer_bwd():
+    try:
+        import causal_conv1d_cuda  # the peer's extension: causal_conv1d_bwd(x, w, b, dout, seq_idx, ...)
+        return causal_conv1d_cuda.causal_conv1d_bwd
+    except ImportError:
+        return None
+
+
+def _tensor(layout, batch, dim, seqlen, dtype):
+    if layout == "cf":
+        return torch.randn(batch, dim, seqlen, device="cuda", dtype=dtype)
+    return torch.randn(batch, seqlen, dim, device="cuda", dtype=dtype).transpose(1, 2)
+
+
+def bench_case(case, copy_gbps, peer):
+    layout, xd, wd, width, batch, dim, seqlen = case
+    nbytes = 3 * batch * dim * seqlen * torch.finfo(DT[xd]).bits // 8
+    sets = [(_tensor(layout, batch, dim, seqlen, DT[xd]), _tensor(layout, batch, dim, seqlen, DT[xd]))
+            for _ in range(n_buffers(nbytes))]
+    w = torch.randn(dim, width, device="cuda", dtype=DT[wd]) / width ** 0.5
+    b = torch.randn(dim, device="cuda", dtype=DT[wd])
+    row = dict(layout=layout, x=xd, w=wd, width=width, shape=[batch, dim, seqlen])
+
+    def frac(us):
+        return nbytes / (us * 1e-6) / 1e9 / copy_gbps
+
+    us = graph_time_us([lambda s=s: cc1d.causal_conv1d_bwd(s[0], w, b, s[1], activation="silu") for s in sets])
+    row.update(bwd_us=us, bwd_frac=frac(us))
+
+    def step(x, dout):
+        cc1d.causal_conv1d_fn(x, w, b, activation="silu")
+        cc1d.causal_conv1d_bwd(x, w, b, dout, activation="silu")
+    row.update(fwd_bwd_us=graph_time_us([lambda s=s: step(*s) for s in sets]))
+    if peer is not None:
+        try:
+            us = graph_time_us([lambda s=s: peer(s[0], w, b, s[1], None, None, None, None, False, True)
+                                for s in sets])
+            row.update(peer_us=us, peer_frac=frac(us))
+        except Exception as exc:  # the peer rejects some layouts/dtypes, or its signature moved
+            row.update(peer_error=str(exc)[:200])
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    copy_gbps = copy_ceiling_gbps()
+    peer = _peer_bwd()
+    rows = [bench_case(c, copy_gbps, peer) for c in CASES]
+    dev = torch.cuda.get_device_name()
+    print(f"\n{dev}; copy ceiling {copy_gbps:.0f} GB/s; causal_conv1d "
+          f"{'installed' if peer else 'not installed'}\n")
+    print("| layout | x/w | width | (batch, dim, seqlen) | bwd µs | bwd % copy | fwd+bwd µs | "
+          "peer bwd µs | peer % | cc1d/peer speed |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        peer_cols = ("{:.1f} | {:.0f} % | {:.2f}".format(r["peer_us"], 100 * r["peer_frac"],
+                                                        r["peer_us"] / r["bwd_us"])
+                     if "peer_us" in r else "— | — | —")
+        print(f"| {r['layout']} | {r['x']}/{r['w']} | {r['width']} | {tuple(r['shape'])} | "
+              f"{r['bwd_us']:.1f} | {100 * r['bwd_frac']:.0f} % | {r['fwd_bwd_us']:.1f} | {peer_cols} |")
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(dict(device=dev, copy_gbps=copy_gbps, rows=rows), fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
