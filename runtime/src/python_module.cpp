@@ -1,5 +1,5 @@
-// pybind11 module cc1d._cc1d: a thin layer over the C++ API. The fwd path is
-// timed for host overhead: plain ints in, fixed-size arrays, no dicts.
+// pybind11 module cc1d._cc1d: a thin layer over the C++ API. The fwd and bwd
+// paths are timed for host overhead: plain ints in, fixed-size arrays, no dicts.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -19,6 +19,12 @@ namespace {
 using Ptrs = std::array<int64_t, 7>;      // x, weight, bias, seq_idx, initial_states, out, final_states
 using Sizes = std::array<int64_t, 4>;     // batch, dim, seqlen, width
 using Strides = std::array<int64_t, 17>;  // FwdParams stride fields, declared order
+
+// Backward: the 12 BwdParams pointers in declared order (x, weight, bias, seq_idx,
+// initial_states, dout, dfinal_states, dx, dinitial_states, dweight, dbias,
+// partials) and its 26 strides in declared order.
+using BwdPtrs = std::array<int64_t, 12>;
+using BwdStrides = std::array<int64_t, 26>;
 
 template <class T> T* as_ptr(int64_t v) { return reinterpret_cast<T*>(static_cast<uintptr_t>(v)); }
 
@@ -44,6 +50,38 @@ FwdArgs make_args(const Ptrs& ptrs, const Sizes& sizes, const Strides& s, int x_
   a.x_dtype = static_cast<DType>(x_dtype);
   a.w_dtype = static_cast<DType>(w_dtype);
   a.width = int(sizes[3]);
+  a.stream = as_ptr<void>(stream);
+  return a;
+}
+
+BwdArgs make_bwd_args(const BwdPtrs& ptrs, const Sizes& sizes, const BwdStrides& s, int x_dtype, int w_dtype,
+                      bool silu, size_t workspace_bytes, int64_t stream) {
+  BwdArgs a;
+  BwdParams& p = a.p;
+  p.x = as_ptr<const void>(ptrs[0]);
+  p.weight = as_ptr<const void>(ptrs[1]);
+  p.bias = as_ptr<const void>(ptrs[2]);
+  p.seq_idx = as_ptr<const int32_t>(ptrs[3]);
+  p.initial_states = as_ptr<const void>(ptrs[4]);
+  p.dout = as_ptr<const void>(ptrs[5]);
+  p.dfinal_states = as_ptr<const void>(ptrs[6]);
+  p.dx = as_ptr<void>(ptrs[7]);
+  p.dinitial_states = as_ptr<void>(ptrs[8]);
+  p.dweight = as_ptr<void>(ptrs[9]);
+  p.dbias = as_ptr<void>(ptrs[10]);
+  p.partials = as_ptr<float>(ptrs[11]);
+  p.batch = sizes[0];
+  p.dim = sizes[1];
+  p.seqlen = sizes[2];
+  // The 26 strides are contiguous int64 fields from x_batch_stride to db_stride.
+  static_assert(offsetof(BwdParams, db_stride) - offsetof(BwdParams, x_batch_stride) == 25 * 8,
+                "BwdParams strides must stay contiguous");
+  std::memcpy(&p.x_batch_stride, s.data(), sizeof(int64_t) * s.size());
+  p.silu = silu ? 1 : 0;
+  a.x_dtype = static_cast<DType>(x_dtype);
+  a.w_dtype = static_cast<DType>(w_dtype);
+  a.width = int(sizes[3]);
+  a.workspace_bytes = workspace_bytes;
   a.stream = as_ptr<void>(stream);
   return a;
 }
@@ -222,6 +260,86 @@ PYBIND11_MODULE(_cc1d, m) {
       "prepare_fwd(<fwd's arguments but stream>, device=-1) -> dict like explain_fwd's: decide, compile and "
       "load the kernel such a call uses, launching nothing and touching no memory (pointers only carry "
       "alignment). device=-1: the device owning x, else the current one.");
+
+  // ---- backward ----
+  // Argument order: fwd's, with the backward's 12 pointers and 26 strides, and
+  // workspace_bytes (the bytes at partials) before stream.
+  m.def(
+      "bwd",
+      [](const BwdPtrs& ptrs, const Sizes& sizes, const BwdStrides& strides, int x_dtype, int w_dtype, bool silu,
+         size_t workspace_bytes, int64_t stream) {
+        const BwdArgs a = make_bwd_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, workspace_bytes, stream);
+        py::gil_scoped_release nogil;
+        causal_conv1d_bwd(a);
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
+      py::arg("silu"), py::arg("workspace_bytes"), py::arg("stream"),
+      "bwd(ptrs, sizes, strides, x_dtype, w_dtype, silu, workspace_bytes, stream): the backward's two kernels "
+      "on stream. ptrs (12): x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx, dinitial_states, "
+      "dweight, dbias, partials (0 = none). sizes: batch, dim, seqlen, width. strides (26, elements): x (batch, "
+      "dim, l), weight (dim, width), bias, dout (3), dx (3), seq_idx (batch, l), initial_states (batch, dim, w), "
+      "dfinal_states (3), dinitial_states (3), dweight (dim, width), dbias. partials: workspace_bytes >= "
+      "bwd_workspace_bytes(...) of device memory, 16-byte aligned.");
+
+  m.def(
+      "bwd_workspace_bytes",
+      [](const BwdPtrs& ptrs, const Sizes& sizes, const BwdStrides& strides, int x_dtype, int w_dtype, bool silu,
+         const std::string& arch) {
+        const BwdArgs a = make_bwd_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, 0, 0);
+        py::gil_scoped_release nogil;  // a first decision may read DB files
+        return cc1d::bwd_workspace_bytes(a, arch);
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
+      py::arg("silu"), py::arg("arch") = "",
+      "bwd_workspace_bytes(<bwd's arguments but workspace_bytes and stream>, arch='') -> int: bytes of partials "
+      "the call needs (splits * dim * (width + 1) * 4 for the variant dispatch picks). partials may be 0. "
+      "arch='' takes the target of x's device. Touches no memory.");
+
+  m.def(
+      "launch_bwd",
+      [](const py::dict& variant, const BwdPtrs& ptrs, const Sizes& sizes, const BwdStrides& strides, int x_dtype,
+         int w_dtype, bool silu, size_t workspace_bytes, int64_t stream) {
+        const KernelVariant v = variant_from(variant);
+        const BwdArgs a = make_bwd_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, workspace_bytes, stream);
+        py::gil_scoped_release nogil;
+        cc1d::launch_bwd(v, a);
+      },
+      py::arg("variant"), py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"),
+      py::arg("w_dtype"), py::arg("silu"), py::arg("workspace_bytes"), py::arg("stream"),
+      "launch_bwd(variant, <bwd's arguments>): exactly this variant (its workspace need uses its own tiles).");
+
+  m.def(
+      "select_bwd",
+      [](const BwdPtrs& ptrs, const Sizes& sizes, const BwdStrides& strides, int x_dtype, int w_dtype, bool silu,
+         size_t workspace_bytes, int64_t stream, const std::string& arch) {
+        const BwdArgs a = make_bwd_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, workspace_bytes, stream);
+        KernelVariant v;
+        {
+          py::gil_scoped_release nogil;
+          v = cc1d::select_bwd(a, arch);
+        }
+        return variant_dict(v);
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
+      py::arg("silu"), py::arg("workspace_bytes") = 0, py::arg("stream") = 0, py::arg("arch") = "",
+      "select_bwd(<bwd's arguments>, arch='') -> variant dict the dispatcher picks (workspace_bytes, stream "
+      "and partials are not looked at).");
+
+  m.def(
+      "explain_bwd",
+      [](const BwdPtrs& ptrs, const Sizes& sizes, const BwdStrides& strides, int x_dtype, int w_dtype, bool silu,
+         size_t workspace_bytes, int64_t stream, const std::string& arch) {
+        const BwdArgs a = make_bwd_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, workspace_bytes, stream);
+        Explanation e;
+        {
+          py::gil_scoped_release nogil;
+          e = cc1d::explain_bwd(a, arch);
+        }
+        return explanation_dict(e);
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
+      py::arg("silu"), py::arg("workspace_bytes") = 0, py::arg("stream") = 0, py::arg("arch") = "",
+      "explain_bwd(<bwd's arguments>, arch='') -> dict as explain_fwd's, for the backward.");
 
   m.def("dispatch_stats", [] {
     const DispatchStats s = cc1d::dispatch_stats();
