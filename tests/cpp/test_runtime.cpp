@@ -1,4 +1,5 @@
-// C++ runtime tests that need no GPU: SHA-256 vectors, validation messages,
+// C++ runtime tests that need no GPU: SHA-256 vectors, validation messages
+// (forward and backward), the backward's workspace rule,
 // an NVRTC compile for sm_90 (skipped when NVRTC is absent) and the no-driver
 // error path. (The disk cache's multi-process behaviour is tested from Python.)
 #include <algorithm>
@@ -89,6 +90,115 @@ void test_validation() {
     check_throws<InvalidArgument>(run(a), "x must be aligned to its element size (4 bytes)", "x alignment"); }
 }
 
+// A valid channel-first f32 backward call, 2 x 8 x 16, width 4, bias: every
+// tensor in its own 256-byte aligned buffer.
+cc1d::BwdArgs good_bwd_args() {
+  alignas(256) static float x[256], dout[256], dx[256], w[32], bias[8], dw[32], db[8], partials[1 << 14];
+  cc1d::BwdArgs a;
+  a.p.x = x; a.p.dout = dout; a.p.dx = dx;
+  a.p.weight = w; a.p.bias = bias; a.p.dweight = dw; a.p.dbias = db; a.p.partials = partials;
+  a.p.batch = 2; a.p.dim = 8; a.p.seqlen = 16;
+  a.p.x_batch_stride = a.p.dout_batch_stride = a.p.dx_batch_stride = 128;
+  a.p.x_dim_stride = a.p.dout_dim_stride = a.p.dx_dim_stride = 16;
+  a.p.x_l_stride = a.p.dout_l_stride = a.p.dx_l_stride = 1;
+  a.p.w_dim_stride = a.p.dw_dim_stride = 4; a.p.w_width_stride = a.p.dw_width_stride = 1;
+  a.p.bias_stride = a.p.db_stride = 1;
+  a.p.silu = 1;
+  a.width = 4;
+  a.workspace_bytes = sizeof partials;
+  return a;
+}
+
+int64_t ceil_div(int64_t n, int64_t d) { return (n + d - 1) / d; }
+
+// The documented rule (cc1d.h, causal_conv1d_bwd), written out again.
+int64_t expected_splits(int64_t b, int64_t d, int64_t l, int tile_l, int tile_d) {
+  const int64_t items = b * ceil_div(l, tile_l), groups = std::min<int64_t>(ceil_div(d, tile_d), 65535);
+  return std::max<int64_t>(1, std::min(items, ceil_div(2048, groups)));
+}
+
+void test_bwd_validation() {
+  using cc1d::InvalidArgument;
+  using cc1d::TypeMismatch;
+  auto run = [](cc1d::BwdArgs a) { return [a] { cc1d::causal_conv1d_bwd(a); }; };
+  auto size = [](cc1d::BwdArgs a) { return [a] { cc1d::bwd_workspace_bytes(a, "sm_999"); }; };
+  { auto a = good_bwd_args(); a.width = 1; check_throws<InvalidArgument>(run(a), "width must be in [2, 8], got 1", "bwd: width range"); }
+  { auto a = good_bwd_args(); a.p.batch = 0; check_throws<InvalidArgument>(run(a), "batch must be >= 1, got 0", "bwd: batch >= 1"); }
+  { auto a = good_bwd_args(); a.x_dtype = cc1d::DType::bf16; a.w_dtype = cc1d::DType::f16;
+    check_throws<TypeMismatch>(run(a), "weight dtype must equal x dtype (bf16) or be f32, got f16", "bwd: dtype combo"); }
+  { auto a = good_bwd_args(); a.p.dout = nullptr; check_throws<InvalidArgument>(run(a), "dout must not be null", "bwd: dout null"); }
+  { auto a = good_bwd_args(); a.p.dx = nullptr; check_throws<InvalidArgument>(run(a), "dx must not be null", "bwd: dx null"); }
+  { auto a = good_bwd_args(); a.p.dweight = nullptr; check_throws<InvalidArgument>(run(a), "dweight must not be null", "bwd: dweight null"); }
+  { auto a = good_bwd_args(); a.p.partials = nullptr;
+    check_throws<InvalidArgument>(run(a), "partials (the workspace) must not be null", "bwd: partials null");
+    check(cc1d::bwd_workspace_bytes(a, "sm_999") > 0, "bwd_workspace_bytes needs no workspace"); }
+  { auto a = good_bwd_args(); a.p.partials += 2;
+    check_throws<InvalidArgument>(run(a), "partials (the workspace) must be 16-byte aligned", "bwd: partials alignment"); }
+  { auto a = good_bwd_args(); a.p.silu = 2; check_throws<InvalidArgument>(run(a), "silu must be 0 or 1, got 2", "bwd: silu"); }
+  { auto a = good_bwd_args(); a.p.dinitial_states = a.p.dx;
+    check_throws<InvalidArgument>(run(a), "dinitial_states is given but initial_states is null", "bwd: dinitial_states alone"); }
+  { auto a = good_bwd_args(); a.p.bias = nullptr;
+    check_throws<InvalidArgument>(size(a), "dbias is given but bias is null", "bwd: dbias without bias"); }
+  { auto a = good_bwd_args(); a.p.dx_l_stride = 2;
+    check_throws<InvalidArgument>(run(a), "dx_l_stride must be 1 like x_l_stride (channel-first layout", "bwd: dx layout"); }
+  { auto a = good_bwd_args(); a.p.x_dim_stride = 1; a.p.x_l_stride = 8; a.p.dx_dim_stride = 1; a.p.dx_l_stride = 8;
+    check_throws<InvalidArgument>(run(a), "dout_dim_stride must be 1 like x_dim_stride (channel-last layout", "bwd: dout layout"); }
+  { auto a = good_bwd_args(); a.p.x_l_stride = 3;
+    check_throws<InvalidArgument>(run(a), "x must have x_l_stride == 1 (channel-first) or x_dim_stride == 1", "bwd: x layout"); }
+  { auto a = good_bwd_args(); a.p.dw_width_stride = -1;
+    check_throws<InvalidArgument>(run(a), "dw_width_stride must be >= 0", "bwd: dweight stride"); }
+  { auto a = good_bwd_args(); a.p.initial_states = a.p.x; a.p.is_dim_stride = -3;
+    check_throws<InvalidArgument>(run(a), "is_dim_stride must be >= 0", "bwd: initial_states stride"); }
+  { auto a = good_bwd_args(); a.p.dfinal_states = a.p.x; a.p.dfs_w_stride = -1;
+    check_throws<InvalidArgument>(run(a), "dfs_w_stride must be >= 0", "bwd: dfinal_states stride"); }
+  { auto a = good_bwd_args(); a.p.dx = const_cast<void*>(a.p.dout);
+    check_throws<InvalidArgument>(run(a), "dx must not overlap dout (the kernel reads dout's neighbours", "bwd: dx == dout"); }
+  { auto a = good_bwd_args(); a.p.dx = const_cast<float*>(static_cast<const float*>(a.p.x)) + 100;
+    check_throws<InvalidArgument>(run(a), "dx must not overlap x", "bwd: dx overlaps x"); }
+  { auto a = good_bwd_args(); a.p.dout = static_cast<const char*>(a.p.dout) + 2;
+    check_throws<InvalidArgument>(run(a), "dout must be aligned to its element size (4 bytes)", "bwd: dout alignment"); }
+  { auto a = good_bwd_args(); a.p.dx_batch_stride = int64_t(1) << 62;
+    check_throws<InvalidArgument>(run(a), "dx: extent in bytes overflows int64", "bwd: dx extent"); }
+}
+
+void test_bwd_workspace() {
+  using cc1d::InvalidArgument;
+  auto a = good_bwd_args();
+  const cc1d::KernelVariant v = cc1d::select_bwd(a, "sm_999");
+  check(v.key.rfind("bwd.cf.f32wf32.w4.", 0) == 0, "select_bwd picks a bwd variant of the family: " + v.key);
+  check(cc1d::explain_bwd(a, "sm_999").variant.key == v.key, "explain_bwd agrees with select_bwd");
+  const size_t want = size_t(expected_splits(2, 8, 16, v.tile_l, v.tile_d)) * 8 * 5 * 4;
+  check(cc1d::bwd_workspace_bytes(a, "sm_999") == want,
+        "bwd_workspace_bytes = splits * dim * (width + 1) * 4 = " + std::to_string(want));
+  // A hand-made variant states the rule with known tiles: 4 items of 2 x 2, 2 groups -> 4 splits.
+  cc1d::KernelVariant t{"bwd.cf.f32wf32.w4.test", std::string(64, '0'), "", 128, 8, 4, 0, 4};
+  a.workspace_bytes = 4 * 8 * 5 * 4 - 1;
+  check_throws<InvalidArgument>([&] { cc1d::launch_bwd(t, a); },
+                                "workspace_bytes must be >= 640 (splits 4 x dim 8 x (width + 1) x 4 bytes",
+                                "launch_bwd: workspace too small");
+  // 70000 channel groups clamp to 65535: one split.
+  auto big = good_bwd_args();
+  big.p.dim = 70000;
+  big.p.x_batch_stride = big.p.dout_batch_stride = big.p.dx_batch_stride = 0;  // sizes only; nothing is read
+  big.p.x_dim_stride = big.p.dout_dim_stride = big.p.dx_dim_stride = 0;
+  big.p.dx = static_cast<float*>(big.p.dx) + 128;  // keep dx clear of x and dout (their spans shrank)
+  big.p.w_dim_stride = big.p.dw_dim_stride = 0;
+  big.p.bias_stride = big.p.db_stride = 0;
+  big.workspace_bytes = 0;
+  cc1d::KernelVariant one{"bwd.cf.f32wf32.w4.test", std::string(64, '0'), "", 128, 8, 1, 0, 4};
+  check_throws<InvalidArgument>([&] { cc1d::launch_bwd(one, big); }, "workspace_bytes must be >= 1400000 (splits 1 x",
+                                "launch_bwd: 65535 groups at most");
+  // The alignment of dout alone moves the choice to a variant needing less.
+  auto odd = good_bwd_args();
+  odd.p.dout = static_cast<const float*>(odd.p.dout) + 1;
+  const cc1d::Explanation e = cc1d::explain_bwd(odd, "sm_999");
+  check(e.alignment == 4 && e.variant.align_bytes == 4 && e.variant.key.rfind("bwd.", 0) == 0,
+        "explain_bwd: dout at a 4-byte offset -> " + e.variant.key);
+  check_throws<InvalidArgument>([&] { auto b = odd; b.workspace_bytes = 1 << 20;
+                                      cc1d::launch_bwd(v, b); }, "needs x/dout/dx base addresses",
+                                "launch_bwd: variant alignment");
+}
+
 const char* kTinyKernel = R"(
 extern "C" __global__ void cc1d_kernel(const float* x, float* y, long long n) {
   long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -125,6 +235,8 @@ void test_no_driver() {
     check(std::string(e.what()).find("no GPU backend owns pointer") != std::string::npos,
           std::string("no-driver launch error: ") + e.what());
   }
+  check_throws<cc1d::BackendError>([] { cc1d::causal_conv1d_bwd(good_bwd_args()); }, "no GPU backend owns pointer",
+                                   "causal_conv1d_bwd without a GPU");
   check_throws<cc1d::BackendError>([&a] { cc1d::prepare_fwd(a); }, "no GPU to prepare for",
                                    "prepare_fwd without a GPU");
   check_throws<cc1d::InvalidArgument>([&a] { auto b = a; b.width = 1; cc1d::prepare_fwd(b); },
@@ -249,6 +361,8 @@ void test_dispatch_without_db() {
 int main() {
   test_sha256();
   test_validation();
+  test_bwd_validation();
+  test_bwd_workspace();
   test_nvrtc();
   test_dispatch_without_db();
   if (std::getenv("CC1D_TEST_HAS_GPU") == nullptr) test_no_driver();
