@@ -156,7 +156,8 @@ void causal_conv1d_bwd(const BwdArgs& args);
 // Bytes of p.partials the call needs: splits * dim * (width + 1) * 4 for the
 // variant causal_conv1d_bwd would pick (the same memoised decision; `arch` as
 // in select_fwd). p.partials and workspace_bytes are not looked at, so call it
-// before allocating the workspace. Needs no GPU when `arch` is given.
+// before allocating the workspace; pass the real x, dout and dx (their
+// alignment picks the variant). Needs no GPU when `arch` is given.
 size_t bwd_workspace_bytes(const BwdArgs& args, const std::string& arch = "");
 
 // The variant causal_conv1d_bwd would launch, and why (as select_fwd and
