@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: build cc1d, run the gpu tests (extra pytest args pass through)
-# and the forward benchmark. Logs go to $OUT (the device tool's folder) or /tmp/cc1d-out.
+# and the forward, backward and host-overhead benchmarks. Logs go to $OUT (the device tool's folder) or /tmp/cc1d-out.
 #   bash benchmarks/device_check.sh [pytest args...]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -16,5 +16,6 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 python3 -P -m pytest -q -m gpu -p no:cacheprovider "$@" 2>&1 | tee "$OUT/gpu_tests.log" | tail -60
 if [ -z "${SKIP_BENCH:-}" ]; then
   python3 benchmarks/bench_fwd.py --out "$OUT/bench_fwd.json" 2>&1 | tee "$OUT/bench_fwd.log"
+  python3 benchmarks/bench_bwd.py --out "$OUT/bench_bwd.json" 2>&1 | tee "$OUT/bench_bwd.log"
   python3 benchmarks/bench_overhead.py --out "$OUT/bench_overhead.json" 2>&1 | tee "$OUT/bench_overhead.log"
 fi
