@@ -17,7 +17,14 @@ from ._runtime import runtime
 _FN = "causal_conv1d_fn"
 
 
+# The raw handle without building a torch.cuda.Stream object (microseconds per call).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+
+
 def _stream_handle(device: torch.device) -> int:
+    if _raw_stream is not None and device.index is not None:
+        return _raw_stream(device.index)
     return torch.cuda.current_stream(device).cuda_stream
 
 
@@ -48,7 +55,8 @@ def _validate(x, weight, bias, seq_idx, initial_states, final_states_out, activa
         C.fail(_FN, "weight", f"shape (dim={dim}, width) with width in 2..{C.MAX_WIDTH}",
                f"{tuple(weight.shape)}")
     C.check_device(_FN, "weight", weight, x.device)
-    C.check_float_dtype(_FN, "weight", weight, tuple({x.dtype, torch.float32}))
+    if weight.dtype is not x.dtype and weight.dtype is not torch.float32:
+        C.check_float_dtype(_FN, "weight", weight, (x.dtype, torch.float32))
     if bias is not None:
         C.check_tensor(_FN, "bias", bias, 1)
         C.check_shape(_FN, "bias", bias, (dim,), "dim")
@@ -110,7 +118,7 @@ def _forward_impl(x, weight, bias, seq_idx, initial_states, final_states_out, si
     if sl != 1 and sd != 1:
         x = x.contiguous()  # neither inner stride is 1: the kernels need one of them
     out = _empty_like_layout(x, x.shape)
-    if x.device.index != torch.cuda.current_device():
+    if x.device.index != _current_device():
         with torch.cuda.device(x.device):
             _launch(x, weight, bias, seq_idx, initial_states, final_states_out, out, silu)
     else:
