@@ -17,7 +17,10 @@ SHAPES = """\
 shapes:
   - {layout: cf, dtypes: bf16/f32, width: 4, batch: 2, dim: 1024, seqlen: 2048}
   - {layout: cl, dtypes: f16, width: 3, batch: 1, dim: 2048, seqlen: 1000, bias: false}
+  - {op: bwd, layout: [cf, cl], dtypes: bf16, width: 4, batch: 2, dim: 256, seqlen: 1000,
+     initial_states: true, final_states: true}
 """
+N_SHAPES = 4
 
 
 def _tune(tmp_path, *extra):
@@ -42,11 +45,11 @@ def test_real_tuning_run(tmp_path, monkeypatch):
     shapes, report = tmp_path / "shapes.yaml", tmp_path / "r.json"
     proc, db_path = _tune(tmp_path, "--trials", "8", "--report", str(report))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert len(json.loads(report.read_text())["results"]) == 2
+    assert len(json.loads(report.read_text())["results"]) == N_SHAPES
     rt = runtime()
     with TuningDB(db_path) as db:
         winners = db.winners()
-        assert len(winners) == 2 and db.validate() == []
+        assert len(winners) == N_SHAPES and db.validate() == []
         for w, shape in zip(winners, sorted(load_shapes(shapes), key=lambda s: (s.family().key(), s.key()))):
             assert (w["family_key"], w["shape_key"]) == (shape.family().key(), shape.key())
             assert w["default_us"] is not None
@@ -63,7 +66,7 @@ def test_two_workers_share_one_study(tmp_path):
     proc, db_path = _tune(tmp_path, "--workers", "2", "--trials", "8")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with TuningDB(db_path) as db:
-        assert len(db.winners()) == 2 and db.validate() == []
+        assert len(db.winners()) == N_SHAPES and db.validate() == []
 
 
 def test_more_workers_than_gpus_is_refused(tmp_path):
@@ -96,5 +99,19 @@ def test_runtime_uses_the_tuned_winner(tmp_path):
         # a neighbouring, untuned shape reuses the nearest winner whose requirements hold
         e = cc1d.explain(x[:1, :, :1000], w, b, activation="silu")
         assert e["reason"] in ("nearest", "default"), e
+        # the backward's tuned winner serves its shape too
+        from cc1d._runtime import runtime
+        from cc1d.backward import _bwd_call_args
+        with TuningDB(db_path) as db:
+            bwin = next(r for r in db.winners() if r["family_key"] == "bwd.cf.bf16wbf16.w4")
+        xb = torch.randn(2, 256, 1000, device="cuda", dtype=torch.bfloat16)
+        wb, bb = torch.randn(256, 4, device="cuda", dtype=torch.bfloat16), torch.randn(256, device="cuda",
+                                                                                       dtype=torch.bfloat16)
+        st = torch.randn(2, 256, 3, device="cuda", dtype=torch.bfloat16)
+        args = _bwd_call_args(xb, wb, bb, None, st, torch.randn_like(xb), torch.randn_like(st),
+                              torch.empty_like(xb), torch.empty_like(st), torch.empty_like(wb),
+                              torch.empty_like(bb), None, True)
+        e = runtime().explain_bwd(*args)
+        assert (e["reason"], e["key"]) == ("exact", bwin["variant_key"]), e
     finally:
         cc1d.set_tuning_db()

@@ -112,7 +112,87 @@ class FwdProblem:
                       shape.activation == "silu", stream)
 
 
-PROBLEMS: dict[str, Problem] = {"fwd": FwdProblem()}
+def bwd_splits(shape: Shape, tile_l: int, tile_d: int) -> int:
+    """The runtime's split count for a backward kernel (runtime/src/backward.cpp)."""
+    items = shape.batch * -(-shape.seqlen // tile_l)
+    groups = -(-shape.dim // tile_d)
+    return max(1, min(items, -(-2048 // min(groups, 65535))))
+
+
+class BwdProblem:
+    """The backward: dx, dweight, dbias, dinitial_states from x, weight and dout
+    (and dfinal_states when the shape returns final states)."""
+    op = "bwd"
+
+    def bytes_moved(self, shape: Shape) -> int:
+        xb, wb = DTYPES[shape.x_dtype][1], DTYPES[shape.w_dtype][1]
+        n = shape.batch * shape.dim * shape.seqlen
+        weights = 2 * shape.dim * (shape.width + shape.bias) * wb  # read, and their gradients written
+        states = shape.batch * shape.dim * (shape.width - 1) * xb
+        return 3 * n * xb + weights + states * (2 * shape.initial_states + shape.final_states) \
+            + 4 * shape.batch * shape.seqlen * shape.seq_idx
+
+    def make_inputs(self, shape: Shape, seed: int, device: str = "cuda") -> dict[str, Any]:
+        import torch
+        inputs = FwdProblem().make_inputs(shape, seed, device)
+        gen = torch.Generator().manual_seed(seed + 1)
+        xd = _torch_dtype(shape.x_dtype)
+        b, d, l = shape.batch, shape.dim, shape.seqlen
+        if shape.layout == "cf":
+            inputs["dout"] = torch.randn(b, d, l, generator=gen).to(xd).to(device)
+        else:
+            inputs["dout"] = torch.randn(b, l, d, generator=gen).to(xd).to(device).transpose(1, 2)
+        inputs["dfinal_states"] = None
+        if shape.final_states:
+            inputs["dfinal_states"] = torch.randn(b, d, shape.width - 1, generator=gen).to(xd).to(device)
+        return inputs
+
+    def make_outputs(self, shape: Shape, inputs: dict[str, Any]) -> dict[str, Any]:
+        import torch
+        nan = float("nan")
+        x, w = inputs["x"], inputs["weight"]
+        dx = FwdProblem().make_outputs(shape, inputs)["out"]
+        outputs = dict(dx=dx, dweight=torch.full_like(w, nan))
+        if shape.bias:
+            outputs["dbias"] = torch.full_like(inputs["bias"], nan)
+        if shape.initial_states:
+            outputs["dinitial_states"] = torch.full_like(inputs["initial_states"], nan)
+        # Enough partials for any variant: channel tiles are at most 128 wide.
+        splits = bwd_splits(shape, 1, 128)
+        outputs["workspace"] = torch.full((splits * shape.dim * (shape.width + 1),), nan,
+                                          dtype=torch.float32, device=x.device)
+        return outputs
+
+    def reference(self, shape: Shape, inputs: dict[str, Any]) -> dict[str, Any]:
+        from ..reference import causal_conv1d_ref
+        leaf = lambda t: None if t is None else t.detach().double().requires_grad_()  # noqa: E731
+        x, w, b, s = (leaf(inputs[k]) for k in ("x", "weight", "bias", "initial_states"))
+        out, fs = causal_conv1d_ref(x, w, b, initial_states=s, return_final_states=True,
+                                    activation="silu" if shape.activation == "silu" else None,
+                                    seq_idx=inputs["seq_idx"])
+        loss = (out * inputs["dout"].double()).sum()
+        if inputs["dfinal_states"] is not None:
+            loss = loss + (fs * inputs["dfinal_states"].double()).sum()
+        loss.backward()
+        want = dict(dx=x.grad, dweight=w.grad)
+        if shape.bias:
+            want["dbias"] = b.grad
+        if shape.initial_states:
+            want["dinitial_states"] = s.grad
+        return want
+
+    def launch(self, rt: Any, kernel: dict, shape: Shape, inputs: dict[str, Any],
+               outputs: dict[str, Any], stream: int) -> None:
+        from ..backward import _bwd_call_args
+        args = _bwd_call_args(inputs["x"], inputs["weight"], inputs["bias"], inputs["seq_idx"],
+                              inputs["initial_states"], inputs["dout"], inputs["dfinal_states"],
+                              outputs["dx"], outputs.get("dinitial_states"), outputs["dweight"],
+                              outputs.get("dbias"), outputs["workspace"], shape.activation == "silu")
+        nbytes = 4 * bwd_splits(shape, kernel["tile_l"], kernel["tile_d"]) * shape.dim * (shape.width + 1)
+        rt.launch_bwd(kernel, *args, nbytes, stream)
+
+
+PROBLEMS: dict[str, Problem] = {"fwd": FwdProblem(), "bwd": BwdProblem()}
 
 
 def problem_for(op: str) -> Problem:
