@@ -176,3 +176,12 @@ def test_db_validate_compile(nvrtc_rt, tmp_path, capsys):
 def test_python_dash_m_entry_point():
     proc = subprocess.run([sys.executable, "-P", "-m", "cc1d.tuner", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "--compile-only" in proc.stdout
+
+
+def test_compile_only_backward_shapes(nvrtc_rt, tmp_path, capsys):
+    shapes = tmp_path / "bwd.yaml"
+    shapes.write_text("shapes:\n  - {op: bwd, layout: cl, dtypes: bf16, width: 4, batch: 2, dim: 256, "
+                      "seqlen: 1000}\n")
+    code, out, err = run(["--arch", "sm_90", "--compile-only", "--trials", "2", "--shapes", shapes], capsys)
+    assert code == 0, out + err
+    assert "compiled 2 variants of 1 families for sm_90: 2 ok, 0 failed" in out
