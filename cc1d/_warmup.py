@@ -3,6 +3,7 @@ of given shapes will use, so that those calls do no dispatch, compile or load
 work: they can be captured in a CUDA graph, and the first one is not slow."""
 from __future__ import annotations
 
+import itertools
 import operator
 import os
 from collections.abc import Iterable
@@ -13,6 +14,7 @@ import torch
 
 from . import _checks as C
 from ._runtime import runtime
+from .backward import _bwd_call_args
 from .ops import _fwd_call_args, _is_channel_last
 
 _FN = "warmup"
@@ -20,6 +22,10 @@ _LAYOUTS = ("cf", "cl")
 # A fresh torch allocation is at least 512-byte aligned; the runtime caps the
 # alignment it uses at 256 bytes, so this address stands for any fresh buffer.
 _FRESH_ADDRESS = 256
+
+
+_SPACING = 1 << 40  # stand-ins get disjoint address ranges (the backward refuses overlaps)
+_next_slot = itertools.count()
 
 
 class _StandIn:
@@ -30,9 +36,10 @@ class _StandIn:
         self.shape = tuple(shape)
         self._strides = tuple(strides)
         self.dtype = dtype
+        self._address = _FRESH_ADDRESS + (next(_next_slot) % (1 << 20)) * _SPACING
 
     def data_ptr(self) -> int:
-        return _FRESH_ADDRESS
+        return self._address
 
     def stride(self, dim: Optional[int] = None):
         return self._strides if dim is None else self._strides[dim]
@@ -113,7 +120,7 @@ def _check_device(device: object) -> torch.device:
 def warmup(shapes: Iterable[Sequence[int]], *, dtype: torch.dtype = torch.bfloat16,
            weight_dtype: Optional[torch.dtype] = None, width: int = 4, layout: str = "cf",
            bias: bool = True, activation: Optional[str] = "silu", seq_idx: bool = False,
-           initial_states: bool = False, return_final_states: bool = False,
+           initial_states: bool = False, return_final_states: bool = False, backward: bool = False,
            device: Union[None, int, str, torch.device] = None) -> list[dict]:
     """Get ``causal_conv1d_fn`` calls of these (batch, dim, seqlen) shapes ready:
     make the dispatch decisions, compile the kernels (in parallel, through the
@@ -128,7 +135,11 @@ def warmup(shapes: Iterable[Sequence[int]], *, dtype: torch.dtype = torch.bfloat
     allocation (e.g. a slice at an odd offset), may still do that work itself.
     Afterwards the warmed-up calls can be captured in a ``torch.cuda.CUDAGraph``.
 
-    Returns one dict per shape, as ``cc1d.explain`` gives: the kernel picked and why.
+    With ``backward=True`` the backward kernels of those calls (autograd's, or
+    ``cc1d.causal_conv1d_bwd`` with a fresh dout) are made ready too.
+
+    Returns one dict per shape, as ``cc1d.explain`` gives: the kernel picked and
+    why; with ``backward=True`` one ``{"fwd": ..., "bwd": ...}`` pair of them.
     """
     shape_list = _check_shapes(shapes)
     dtype = _check_dtype("dtype", dtype, tuple(C.DTYPE_CODES))
@@ -141,27 +152,40 @@ def warmup(shapes: Iterable[Sequence[int]], *, dtype: torch.dtype = torch.bfloat
         C.fail(_FN, "layout", "'cf' (channel-first) or 'cl' (channel-last)", repr(layout))
     flags = {name: _check_bool(name, value) for name, value in
              (("bias", bias), ("seq_idx", seq_idx), ("initial_states", initial_states),
-              ("return_final_states", return_final_states))}
+              ("return_final_states", return_final_states), ("backward", backward))}
     silu = C.check_activation(_FN, activation)
     dev = _check_device(device)
 
-    calls = []
+    calls, bwd_calls = [], []
     for b, d, n in shape_list:
         x = _activations(b, d, n, dtype, layout)
         # outputs laid out as causal_conv1d_fn allocates them (it goes by x's strides)
         out_layout = "cl" if _is_channel_last(x) else "cf"
+        weight = _contiguous(d, width, dtype=w_dtype)
+        bias_t = _contiguous(d, dtype=w_dtype) if flags["bias"] else None
+        seq = _contiguous(b, n, dtype=torch.int32) if flags["seq_idx"] else None
+        states = _contiguous(b, d, width - 1, dtype=dtype) if flags["initial_states"] else None
         calls.append(_fwd_call_args(
-            x, _contiguous(d, width, dtype=w_dtype),
-            _contiguous(d, dtype=w_dtype) if flags["bias"] else None,
-            _contiguous(b, n, dtype=torch.int32) if flags["seq_idx"] else None,
-            _contiguous(b, d, width - 1, dtype=dtype) if flags["initial_states"] else None,
+            x, weight, bias_t, seq, states,
             _activations(b, d, width - 1, dtype, out_layout) if flags["return_final_states"] else None,
             _activations(b, d, n, dtype, out_layout), silu, 0)[:6])  # all but the stream
+        if flags["backward"]:
+            bwd_calls.append(_bwd_call_args(
+                x, weight, bias_t, seq, states, _activations(b, d, n, dtype, out_layout),
+                _contiguous(b, d, width - 1, dtype=dtype) if flags["return_final_states"] else None,
+                _activations(b, d, n, dtype, out_layout),
+                _contiguous(b, d, width - 1, dtype=dtype) if states is not None else None,
+                _contiguous(d, width, dtype=w_dtype), _contiguous(d, dtype=w_dtype) if bias_t is not None else None,
+                None, silu))
     rt = runtime()
     with torch.cuda.device(dev):  # kernels load into the current context: make it dev's
         target = rt.device_target("hip" if torch.version.hip else "cuda", dev.index)
         sources = {rt.explain_fwd(*args, 0, target)["variant"]["source"] for args in calls}
+        sources |= {rt.explain_bwd(*args, arch=target)["variant"]["source"] for args in bwd_calls}
         if len(sources) > 1:  # compiles release the GIL; the loads below then hit the cache
             with ThreadPoolExecutor(min(len(sources), os.cpu_count() or 1)) as pool:
                 list(pool.map(lambda s: rt.compile(s, target), sources))
-        return [rt.prepare_fwd(*args, device=dev.index) for args in calls]
+        fwd = [rt.prepare_fwd(*args, device=dev.index) for args in calls]
+        if not flags["backward"]:
+            return fwd
+        return [dict(fwd=f, bwd=rt.prepare_bwd(*args, device=dev.index)) for f, args in zip(fwd, bwd_calls)]

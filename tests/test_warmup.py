@@ -64,6 +64,7 @@ BAD = [
     (dict(bias=1), TypeError, "bias: expected True or False, got 1"),
     (dict(activation="gelu"), ValueError, "activation: expected None, 'silu' or 'swish', got 'gelu'"),
     (dict(return_final_states=None), TypeError, "return_final_states: expected True or False"),
+    (dict(backward="yes"), TypeError, "backward: expected True or False"),
     (dict(device="cpu"), ValueError, "device: expected a CUDA/ROCm device like 'cuda:0', got 'cpu'"),
     (dict(device=1.0), TypeError, "device: expected None, an int, a str or a torch.device, got float"),
 ]

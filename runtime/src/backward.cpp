@@ -129,4 +129,12 @@ void launch_bwd(const KernelVariant& v, const BwdArgs& args) {
   launch_on(l, v, args);
 }
 
+Explanation prepare_bwd(const BwdArgs& args, int device) {
+  const Layout layout = validate_bwd(args, /*launching=*/false);
+  const Location l = prepare_location(args.p.x, device);
+  const std::shared_ptr<const Decision> d = decide(bwd_call(args, layout), arch_id_of(l));
+  functions_on(l, *d->variant, /*with_reduce=*/true);
+  return explanation_of(*d);
+}
+
 }  // namespace cc1d

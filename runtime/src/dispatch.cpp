@@ -435,4 +435,31 @@ void clear_dispatch_cache() {
   clear_tuned_sets();
 }
 
+// The device prepare_fwd / prepare_bwd load for (see cc1d.h).
+Location prepare_location(const void* x, int device) {
+  if (device < -1)
+    throw InvalidArgument("device must be -1 (x's device, else the current one) or a device ordinal >= 0, got " +
+                          std::to_string(device));
+  if (device < 0) {
+    if (Location l = locate(x); l.device >= 0) return l;
+  }
+  for (Backend* b : {&cuda_backend(), &hip_backend()}) {
+    const int n = b->device_count();
+    if (n == 0) continue;
+    const int current = b->current_device();
+    if (device < 0) return {b, current >= 0 ? current : 0};  // none current: device 0, as the runtime API does
+    if (device >= n)
+      throw InvalidArgument("device must be a " + std::string(b->vendor()) + " device ordinal in [0, " +
+                            std::to_string(n) + "), got " + std::to_string(device));
+    // Kernels load into the current context: the calls must find them there.
+    if (current >= 0 && current != device)
+      throw InvalidArgument("device " + std::to_string(device) + " is not the calling thread's current device (" +
+                            std::to_string(current) + "): make it current first (cudaSetDevice, "
+                            "torch.cuda.device), so the kernel loads where the calls will look for it");
+    return {b, device};
+  }
+  throw BackendError("prepare: no GPU to prepare for: no CUDA or HIP driver with a device is available");
+}
+
+
 }  // namespace cc1d

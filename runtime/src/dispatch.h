@@ -60,6 +60,8 @@ Functions functions_on(const Location& l, const KernelVariant& v, bool with_redu
 
 unsigned grid_dim(int64_t n, int tile, unsigned max);
 Explanation explanation_of(const Decision& d);
+// The device a prepare_* call loads for: x's, else `device`, else the current one.
+Location prepare_location(const void* x, int device);
 // A hand-made variant's geometry is sane (threads, tiles >= 1, ...).
 void check_variant_shape(const KernelVariant& v);
 // v's key starts with the call's family: "<family>.<params>".

@@ -341,6 +341,23 @@ PYBIND11_MODULE(_cc1d, m) {
       py::arg("silu"), py::arg("workspace_bytes") = 0, py::arg("stream") = 0, py::arg("arch") = "",
       "explain_bwd(<bwd's arguments>, arch='') -> dict as explain_fwd's, for the backward.");
 
+  m.def(
+      "prepare_bwd",
+      [](const BwdPtrs& ptrs, const Sizes& sizes, const BwdStrides& strides, int x_dtype, int w_dtype, bool silu,
+         int device) {
+        const BwdArgs a = make_bwd_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, 0, 0);
+        Explanation e;
+        {
+          py::gil_scoped_release nogil;  // may compile
+          e = cc1d::prepare_bwd(a, device);
+        }
+        return explanation_dict(e);
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
+      py::arg("silu"), py::arg("device") = -1,
+      "prepare_bwd(<bwd's arguments but workspace_bytes and stream>, device=-1) -> dict like explain_bwd's: "
+      "decide, compile and load both backward kernels, launching nothing and touching no memory.");
+
   m.def("dispatch_stats", [] {
     const DispatchStats s = cc1d::dispatch_stats();
     py::dict d;

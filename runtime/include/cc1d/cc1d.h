@@ -165,6 +165,11 @@ size_t bwd_workspace_bytes(const BwdArgs& args, const std::string& arch = "");
 KernelVariant select_bwd(const BwdArgs& args, const std::string& arch = "");
 Explanation explain_bwd(const BwdArgs& args, const std::string& arch = "");
 
+// The backward's prepare_fwd: decide, compile and load both kernels without
+// launching or touching memory (the workspace is not needed), so that later
+// causal_conv1d_bwd calls of this kind can be captured in a CUDA graph.
+Explanation prepare_bwd(const BwdArgs& args, int device = -1);
+
 // Launches exactly this variant's two kernels (tests, tuner). Its workspace
 // need is splits * dim * (width + 1) * 4 bytes with this variant's tiles.
 void launch_bwd(const KernelVariant& v, const BwdArgs& args);
