@@ -118,7 +118,7 @@ class Space:
     params: tuple[Param, ...]
     constraints: tuple[Constraint, ...]
     preferred: tuple[Mapping[str, object], ...]  # default configs, best first; "widths": only for those
-    geometry: Callable[[Family, Config], dict]    # -> threads, tile_l, tile_d, smem_bytes, align_bytes
+    geometry: Callable[[Family, Config], dict]    # -> threads, tile_l, tile_d, smem_bytes, align_bytes, split_blocks
 
     def param(self, name: str) -> Param:
         for p in self.params:
@@ -190,7 +190,7 @@ def _cf_geometry(family: Family, config: Config) -> dict:
     threads, rows = int(config["threads"]), int(config["rows"])
     ve = max(1, _vec_elems(family, config))
     return dict(threads=threads, tile_l=threads // rows * ve * int(config["nvec"]), tile_d=rows,
-                smem_bytes=0, align_bytes=int(config["vec_bytes"]))
+                smem_bytes=0, align_bytes=int(config["vec_bytes"]), split_blocks=0)
 
 
 FWD_CF = Space(
@@ -243,7 +243,8 @@ def _cl_geometry(family: Family, config: Config) -> dict:
     ve = max(1, _vec_elems(family, config))
     tc = int(config["tile_d"]) // ve
     return dict(threads=threads, tile_l=threads // max(tc, 1) * int(config["rows_per_thread"]),
-                tile_d=int(config["tile_d"]), smem_bytes=0, align_bytes=int(config["vec_bytes"]))
+                tile_d=int(config["tile_d"]), smem_bytes=0, align_bytes=int(config["vec_bytes"]),
+                split_blocks=int(config.get("split_blocks", 0)))
 
 
 FWD_CL = Space(
@@ -267,11 +268,21 @@ FWD_CL = Space(
 # Same tiling ideas as the forward; each thread also keeps fp32 partial sums of
 # dweight/dbias, reduced per block in a fixed order (no atomics).
 
+# The partial-sum layout: cc1d_kernel's grid is (splits, channel groups) with
+# splits = max(1, min(work items, ceil(split_blocks / channel groups))), and
+# dweight/dbias are first summed into [splits][dim][width + 1] fp32 partials,
+# then in split order by cc1d_reduce. More blocks balance the SMs better;
+# fewer make fewer partial rows to write and reduce. A launch parameter only:
+# it does not change the kernel source, and it is a constant (not the device's
+# SM count) so results are bitwise the same on every device.
+SPLIT_BLOCKS = Param("split_blocks", "s", (512, 2048, 8192),
+                     "blocks the backward's grid aims at: sets the rows of fp32 partial sums")
+
 def _bwd_cf_geometry(family: Family, config: Config) -> dict:
     threads, rows = int(config["threads"]), int(config["rows"])
     ve = max(1, _vec_elems(family, config))
     return dict(threads=threads, tile_l=threads // rows * ve, tile_d=rows, smem_bytes=0,
-                align_bytes=int(config["vec_bytes"]))
+                align_bytes=int(config["vec_bytes"]), split_blocks=int(config["split_blocks"]))
 
 
 BWD_CF = Space(
@@ -281,10 +292,11 @@ BWD_CF = Space(
         Param("vec_bytes", "v", (2, 4, 8, 16), "bytes per vector load/store of x, dout and dx"),
         Param("rows", "r", (1, 4), "channels per block"),
         MAX_REGS,
+        SPLIT_BLOCKS,
     ),
     constraints=(_vec_fits, _cf_rows_fit, _regs_distinct),
-    preferred=(dict(threads=128, vec_bytes=16, rows=1, max_regs=128, widths=(2, 3, 4, 5)),
-               dict(threads=128, vec_bytes=16, rows=1, max_regs=255)),
+    preferred=(dict(threads=128, vec_bytes=16, rows=1, max_regs=128, split_blocks=2048, widths=(2, 3, 4, 5)),
+               dict(threads=128, vec_bytes=16, rows=1, max_regs=255, split_blocks=2048)),
     geometry=_bwd_cf_geometry,
 )
 
@@ -307,11 +319,13 @@ BWD_CL = Space(
         Param("tile_d", "d", (32, 64, 128), "channels per block"),
         Param("rows_per_thread", "n", (1, 2, 4, 8), "consecutive positions per thread"),
         MAX_REGS,
+        SPLIT_BLOCKS,
     ),
     constraints=(_vec_fits, _cl_tile_fits, _bwd_cl_registers_fit, _regs_distinct),
-    preferred=(dict(threads=128, vec_bytes=8, tile_d=64, rows_per_thread=2, max_regs=255, widths=(2, 3, 4, 5, 6, 7)),
-               dict(threads=128, vec_bytes=8, tile_d=64, rows_per_thread=1, max_regs=255),
-               dict(threads=128, vec_bytes=4, tile_d=64, rows_per_thread=1, max_regs=255)),
+    preferred=(dict(threads=128, vec_bytes=8, tile_d=64, rows_per_thread=2, max_regs=255, split_blocks=2048,
+                    widths=(2, 3, 4, 5, 6, 7)),
+               dict(threads=128, vec_bytes=8, tile_d=64, rows_per_thread=1, max_regs=255, split_blocks=2048),
+               dict(threads=128, vec_bytes=4, tile_d=64, rows_per_thread=1, max_regs=255, split_blocks=2048)),
     geometry=_cl_geometry,
 )
 

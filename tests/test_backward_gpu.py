@@ -103,7 +103,7 @@ def launch_bwd_variant(rt, variant, case, inp, dout, dfinal):
     g = variant.geometry()
     items = case.batch * -(-case.seqlen // g["tile_l"])
     groups = -(-case.dim // g["tile_d"])
-    splits = max(1, min(items, -(-2048 // min(groups, 65535))))
+    splits = max(1, min(items, -(-g["split_blocks"] // min(groups, 65535))))
     nbytes = splits * case.dim * (case.width + 1) * 4
     ws = torch.full((nbytes // 4,), float("nan"), dtype=torch.float32, device="cuda")
     ptrs, sizes, strides, xd, wd, silu = backward._bwd_call_args(

@@ -141,25 +141,29 @@ def test_dx_adjacent_to_x_is_not_an_overlap(rt):
 
 # ---- workspace size ---------------------------------------------------------
 
-def expected_splits(b, d, l, tile_l, tile_d):
+def expected_splits(b, d, l, tile_l, tile_d, split_blocks):
     """The documented rule (cc1d.h, causal_conv1d_bwd), computed independently."""
     items = b * math.ceil(l / tile_l)
     groups = min(math.ceil(d / tile_d), 65535)
-    return max(1, min(items, math.ceil(2048 / groups)))
+    return max(1, min(items, math.ceil(split_blocks / groups)))
 
 
-def variant(tile_l, tile_d, key="bwd.cf.bf16wf32.w4.test", align=2):
+def variant(tile_l, tile_d, split_blocks=2048, key="bwd.cf.bf16wf32.w4.test", align=2):
     return dict(key=key, hash="0" * 64, source="", threads=128, tile_l=tile_l, tile_d=tile_d, smem_bytes=0,
-                align_bytes=align)
+                align_bytes=align, split_blocks=split_blocks)
 
 
 @pytest.mark.parametrize("sizes, tiles, splits", [
-    ((2, 16, 128, 4), (64, 8), 4),            # items = 2 * 2 = 4 < 2048 / 2
-    ((8, 4096, 4096, 4), (64, 8), 4),         # groups 512: ceil(2048 / 512) = 4 < items 512
-    ((1, 8, 64 * 3000, 4), (64, 8), 2048),    # one group: 2048 < items 3000
-    ((1, 8, 1, 4), (64, 8), 1),               # one item
-    ((3, 100, 10, 2), (4, 3), 9),             # items 3 * 3 = 9; groups 34, ceil(2048 / 34) = 61
-    ((1, 8 * 70000, 64, 8), (64, 8), 1),      # 70000 groups clamp to 65535: ceil(2048 / 65535) = 1
+    ((2, 16, 128, 4), (64, 8, 2048), 4),            # items = 2 * 2 = 4 < 2048 / 2
+    ((8, 4096, 4096, 4), (64, 8, 2048), 4),         # groups 512: ceil(2048 / 512) = 4 < items 512
+    ((8, 4096, 4096, 4), (64, 8, 8192), 16),        # groups 512: ceil(8192 / 512) = 16
+    ((8, 4096, 4096, 4), (64, 8, 512), 1),          # groups 512: ceil(512 / 512) = 1
+    ((1, 8, 64 * 3000, 4), (64, 8, 2048), 2048),    # one group: 2048 < items 3000
+    ((1, 8, 64 * 3000, 4), (64, 8, 8192), 3000),    # one group: items 3000 < 8192
+    ((1, 8, 1, 4), (64, 8, 2048), 1),               # one item
+    ((3, 100, 10, 2), (4, 3, 2048), 9),             # items 3 * 3 = 9; groups 34, ceil(2048 / 34) = 61
+    ((3, 100, 10, 2), (4, 3, 7), 1),                # groups 34 > 7 blocks: one split
+    ((1, 8 * 70000, 64, 8), (64, 8, 2048), 1),      # 70000 groups clamp to 65535: ceil(2048 / 65535) = 1
 ])
 def test_launch_bwd_states_the_workspace_rule(rt, sizes, tiles, splits):
     b, d, l, w = sizes
@@ -171,6 +175,16 @@ def test_launch_bwd_states_the_workspace_rule(rt, sizes, tiles, splits):
         rt.launch_bwd(variant(*tiles, key=f"bwd.cf.bf16wf32.w{w}.test"), *a, need - 1, 0)
     with pytest.raises(RuntimeError, match="no GPU backend owns pointer"):  # enough: on to the device
         rt.launch_bwd(variant(*tiles, key=f"bwd.cf.bf16wf32.w{w}.test"), *a, need, 0)
+
+
+@pytest.mark.parametrize("split_blocks", [0, -5])
+def test_launch_bwd_needs_split_blocks(rt, split_blocks):
+    v = variant(64, 8, split_blocks)
+    with pytest.raises(ValueError, match=rf"split_blocks must be >= 1 for the backward, got {split_blocks}"):
+        rt.launch_bwd(v, *args(), 1 << 20, 0)
+    del v["split_blocks"]  # a hand-made dict without it: 0
+    with pytest.raises(ValueError, match="split_blocks must be >= 1 for the backward, got 0"):
+        rt.launch_bwd(v, *args(), 1 << 20, 0)
 
 
 BWD_FAMILIES = [f for f in families() if f.op == "bwd"]
@@ -186,7 +200,7 @@ def test_workspace_bytes_follow_the_selected_variant(rt, fam):
         a = (with_ptr(11, 0, a[0]), *a[1:])  # no workspace yet: not looked at
         v = rt.select_bwd(*a, arch=ARCH)
         assert v["key"].startswith(fam.key() + ".")
-        want = expected_splits(b, d, l, v["tile_l"], v["tile_d"]) * d * (fam.width + 1) * 4
+        want = expected_splits(b, d, l, v["tile_l"], v["tile_d"], v["split_blocks"]) * d * (fam.width + 1) * 4
         assert rt.bwd_workspace_bytes(*a, arch=ARCH) == want
 
 
@@ -205,7 +219,7 @@ def test_workspace_bytes_without_arch_or_device_use_the_catalog(rt):
     e = rt.explain_bwd(*a)
     assert e["reason"] == "default" and e["arch"] == ""
     v = e["variant"]
-    assert rt.bwd_workspace_bytes(*a) == expected_splits(2, 16, 128, v["tile_l"], v["tile_d"]) * 16 * 5 * 4
+    assert rt.bwd_workspace_bytes(*a) == expected_splits(2, 16, 128, v["tile_l"], v["tile_d"], v["split_blocks"]) * 16 * 5 * 4
 
 
 # ---- dispatch -----------------------------------------------------------------
@@ -289,8 +303,77 @@ def test_tuned_backward_winners_are_found_along_the_chain(rt, tmp_path):
     e = rt.explain_bwd(*a, arch=ARCH)
     assert (e["reason"], e["key"], e["source"]) == ("exact", tuned.key(), str(path))
     g = tuned.geometry()
-    assert rt.bwd_workspace_bytes(*a, arch=ARCH) == expected_splits(b, d, l, g["tile_l"], g["tile_d"]) * d * 5 * 4
+    assert rt.bwd_workspace_bytes(*a, arch=ARCH) == expected_splits(b, d, l, g["tile_l"], g["tile_d"], g["split_blocks"]) * d * 5 * 4
     # another shape: the nearest tuned one; the forward of the same call is not served by it
     assert rt.explain_bwd(*args(sizes=(4, 32, 256, 4)), arch=ARCH)["reason"] == "nearest"
     fwd = rt.explain_fwd(FWD_PTRS, (b, d, l, 4), FWD_STRIDES, BF16, F32, True, 0, ARCH)
     assert fwd["reason"] == "default" and fwd["key"].startswith("fwd.")
+
+
+# ---- the partial-sum layout (split_blocks) from a tuning DB ---------------------
+
+def _tuned_db(path, variant, b=2, d=16, l=128):
+    from cc1d.tuner.db import TuningDB
+    with TuningDB(path) as db:
+        db.put_winner(variant.source, arch=ARCH, family_key=variant.family.key(),
+                      shape_key=f"b{b}.d{d}.l{l}.bias.silu", op="bwd", batch=b, dim=d, seqlen=l,
+                      features="bias,silu", variant_key=variant.key(), config=variant.params,
+                      source_hash=variant.hash(), **variant.geometry(), time_us=10.0,
+                      environment={"device": "test"})
+        db.finalize()
+
+
+def _with_split_blocks(variant, split_blocks):
+    from cc1d.generator import Variant
+    return Variant.of(variant.family, **{**variant.params, "split_blocks": split_blocks})
+
+
+@pytest.mark.parametrize("split_blocks", [512, 8192])
+def test_a_tuned_split_blocks_sets_the_workspace(rt, tmp_path, split_blocks):
+    fam = Family("bwd", "cf", "bf16", "f32", 4)
+    tuned = _with_split_blocks(fallback_chain(fam)[0], split_blocks)
+    assert f".s{split_blocks}" in tuned.key()
+    b, d, l = 8, 64, 4096
+    _tuned_db(tmp_path / "bwd.db", tuned, b, d, l)
+    rt.set_tuning_dbs([str(tmp_path / "bwd.db")])
+    a = args(sizes=(b, d, l, 4), w_dtype=F32)
+    e = rt.explain_bwd(*a, arch=ARCH)
+    assert (e["reason"], e["variant"]["split_blocks"]) == ("exact", split_blocks)
+    g = tuned.geometry()
+    splits = expected_splits(b, d, l, g["tile_l"], g["tile_d"], split_blocks)
+    assert rt.bwd_workspace_bytes(*a, arch=ARCH) == splits * d * 5 * 4
+
+
+def test_a_schema_1_db_runs_its_backward_winners_with_2048_blocks(rt, tmp_path):
+    import sqlite3
+    fam = Family("bwd", "cf", "bf16", "f32", 4)
+    tuned = _with_split_blocks(fallback_chain(fam)[0], 512)
+    path = tmp_path / "v1.db"
+    _tuned_db(path, tuned)
+    con = sqlite3.connect(path)  # what a schema-1 tuner wrote: no split_blocks column
+    con.execute("ALTER TABLE winners DROP COLUMN split_blocks")
+    con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    con.commit()
+    con.close()
+    rt.set_tuning_dbs([str(path)])
+    e = rt.explain_bwd(*args(), arch=ARCH)
+    assert (e["reason"], e["key"], e["variant"]["split_blocks"]) == ("exact", tuned.key(), 2048)
+
+
+def test_a_backward_row_without_split_blocks_is_skipped(rt, tmp_path):
+    import sqlite3
+    fam = Family("bwd", "cf", "bf16", "f32", 4)
+    path = tmp_path / "bad.db"
+    _tuned_db(path, fallback_chain(fam)[-1])
+    con = sqlite3.connect(path)
+    con.execute("UPDATE winners SET split_blocks = 0")
+    con.commit()
+    con.close()
+    lines = []
+    rt.set_log_handler(lines.append)
+    try:
+        rt.set_tuning_dbs([str(path)])
+        assert rt.explain_bwd(*args(), arch=ARCH)["reason"] == "default"
+    finally:
+        rt.set_log_handler(None)
+    assert any("split_blocks 0 out of range" in ln for ln in lines), lines

@@ -270,3 +270,34 @@ def test_compile_problems_compiles_each_source_once_per_arch(tmp_path):
     assert len(problems) == len(cl_fails) == 2, problems
     assert problems[0].startswith("sm_80 ") and "does not compile for sm_80" in problems[0]
     assert "b1.d64.l128.bias.silu" in problems[1] and "b9.d64.l128.bias.silu" in problems[1]
+
+
+def test_a_schema_1_db_is_migrated_in_place(tmp_path):
+    bwd = default_variant(families("bwd", "cf")[0])
+    path = tmp_path / "v1.db"
+    with TuningDB(path) as db:
+        put(db, default_variant(FAM))
+        db.put_winner(bwd.source, **{**winner_row(bwd), "op": "bwd"})
+    con = sqlite3.connect(path)  # back to what a schema-1 tuner wrote
+    con.execute("ALTER TABLE winners DROP COLUMN split_blocks")
+    con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    con.commit()
+    con.close()
+    with TuningDB(path, readonly=True) as db:  # read as schema 2, nothing written
+        assert {w["op"]: w["split_blocks"] for w in db.winners()} == {"fwd": 0, "bwd": 2048}
+        assert db.meta()["schema_version"] == "1"
+    with TuningDB(path) as db:
+        assert db.meta()["schema_version"] == str(SCHEMA_VERSION)
+        assert {w["op"]: w["split_blocks"] for w in db.winners()} == {"fwd": 0, "bwd": 2048}
+        assert len(db.winners()) == 2
+
+
+def test_import_of_schema_1_lines_fills_split_blocks(tmp_path):
+    bwd = default_variant(families("bwd", "cl")[0])
+    with TuningDB(tmp_path / "a.db") as db:
+        db.put_winner(bwd.source, **{**winner_row(bwd), "op": "bwd"})
+        lines = [json.dumps({k: v for k, v in json.loads(ln).items() if k != "split_blocks"})
+                 for ln in db.export_lines()]
+    with TuningDB(tmp_path / "b.db") as db:
+        assert db.import_lines(lines) == 1
+        assert db.winners()[0]["split_blocks"] == 2048

@@ -24,13 +24,13 @@ from ..generator import EPOCH, Family, Variant, arch_info
 
 log = logging.getLogger("cc1d")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: winners.split_blocks (the backward's partial-sum layout)
 SCHEMA_FILE = Path(__file__).resolve().parent.parent / "tuning_db" / "schema.sql"
 BUSY_TIMEOUT_MS = 60_000
 TRIAL_STATUSES = ("ok", "slow", "invalid", "compile_error", "launch_error", "wrong_result", "error")
 WINNER_COLUMNS = ("arch", "family_key", "shape_key", "op", "batch", "dim", "seqlen", "features",
                   "variant_key", "config", "source_hash", "threads", "tile_l", "tile_d", "smem_bytes",
-                  "align_bytes", "epoch", "time_us", "default_us", "copy_fraction", "spread", "speedup",
+                  "align_bytes", "split_blocks", "epoch", "time_us", "default_us", "copy_fraction", "spread", "speedup",
                   "environment", "created_at")
 TRIAL_COLUMNS = ("run_id", "arch", "family_key", "shape_key", "variant_key", "config", "status",
                  "time_us", "spread", "error", "epoch", "created_at")
@@ -131,9 +131,20 @@ class TuningDB:
             if version > SCHEMA_VERSION:
                 raise DBError(f"tuning DB {self.path} has schema version {version}, newer than this "
                               f"cc1d's {SCHEMA_VERSION}: upgrade cc1d, or pass another --db")
-            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
+            if version < SCHEMA_VERSION:
+                self._migrate(version)
+            self.conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
                               (str(SCHEMA_VERSION),))
             self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('generator_epoch', ?)", (str(EPOCH),))
+
+    def _migrate(self, version: int) -> None:
+        """Bring an older DB to this schema, in the caller's transaction (all or nothing)."""
+        columns = {r["name"] for r in self.conn.execute("PRAGMA table_info(winners)")}
+        if "split_blocks" not in columns:
+            # Schema 1's backward winners ran with the fixed 2048 that schema 2 made tunable.
+            self.conn.execute("ALTER TABLE winners ADD COLUMN split_blocks INTEGER NOT NULL DEFAULT 0")
+            self.conn.execute("UPDATE winners SET split_blocks = 2048 WHERE op = 'bwd'")
+        log.info("tuning DB %s: schema %d -> %d", self.path, version, SCHEMA_VERSION)
 
     def _check_readable(self) -> None:
         tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -167,6 +178,7 @@ class TuningDB:
         """Store (replace) one winner and its source, atomically."""
         row = {"created_at": now(), "epoch": EPOCH, "default_us": None, "copy_fraction": None,
                "spread": None, "speedup": None, **row}
+        row.setdefault("split_blocks", _schema1_split_blocks(row["op"]))  # rows exported from schema 1
         for k in ("config", "environment"):
             if not isinstance(row[k], str):
                 row[k] = json.dumps(row[k], sort_keys=True)
@@ -184,12 +196,12 @@ class TuningDB:
         q, args = "SELECT * FROM winners", ()
         if arch:
             q, args = q + " WHERE arch = ?", (arch,)
-        return [dict(r) for r in self.conn.execute(q + " ORDER BY arch, family_key, shape_key", args)]
+        return [_normalized(r) for r in self.conn.execute(q + " ORDER BY arch, family_key, shape_key", args)]
 
     def winner(self, arch: str, family_key: str, shape_key: str) -> dict | None:
         r = self.conn.execute("SELECT * FROM winners WHERE arch = ? AND family_key = ? AND shape_key = ?",
                               (arch, family_key, shape_key)).fetchone()
-        return dict(r) if r else None
+        return _normalized(r) if r else None
 
     def trials(self, arch: str, family_key: str, shape_key: str) -> list[dict]:
         """Every stored trial of one problem, oldest first."""
@@ -338,6 +350,17 @@ class TuningDB:
         if mode != "delete":
             raise DBError(f"tuning DB {self.path}: cannot switch it to journal_mode=DELETE ({mode}); "
                           f"is a tuner or another program still using it? Stop it and run again")
+
+
+def _schema1_split_blocks(op: str) -> int:
+    return 2048 if op == "bwd" else 0
+
+
+def _normalized(row: sqlite3.Row) -> dict:
+    """A winner row as a dict with schema 2's columns (a read-only schema-1 DB lacks split_blocks)."""
+    d = dict(row)
+    d.setdefault("split_blocks", _schema1_split_blocks(d["op"]))
+    return d
 
 
 def _schema_statements() -> list[str]:

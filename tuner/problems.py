@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from ..generator import DTYPES
+from ..generator.space import SPLIT_BLOCKS
 from .shapes import Shape
 
 DTYPE_CODES = {"f32": 0, "f16": 1, "bf16": 2}
@@ -112,11 +113,11 @@ class FwdProblem:
                       shape.activation == "silu", stream)
 
 
-def bwd_splits(shape: Shape, tile_l: int, tile_d: int) -> int:
+def bwd_splits(shape: Shape, tile_l: int, tile_d: int, split_blocks: int) -> int:
     """The runtime's split count for a backward kernel (runtime/src/backward.cpp)."""
     items = shape.batch * -(-shape.seqlen // tile_l)
     groups = -(-shape.dim // tile_d)
-    return max(1, min(items, -(-2048 // min(groups, 65535))))
+    return max(1, min(items, -(-split_blocks // min(groups, 65535))))
 
 
 class BwdProblem:
@@ -158,7 +159,7 @@ class BwdProblem:
         if shape.initial_states:
             outputs["dinitial_states"] = torch.full_like(inputs["initial_states"], nan)
         # Enough partials for any variant: channel tiles are at most 128 wide.
-        splits = bwd_splits(shape, 1, 128)
+        splits = bwd_splits(shape, 1, 128, max(SPLIT_BLOCKS.values))
         outputs["workspace"] = torch.full((splits * shape.dim * (shape.width + 1),), nan,
                                           dtype=torch.float32, device=x.device)
         return outputs
@@ -188,7 +189,8 @@ class BwdProblem:
                               inputs["initial_states"], inputs["dout"], inputs["dfinal_states"],
                               outputs["dx"], outputs.get("dinitial_states"), outputs["dweight"],
                               outputs.get("dbias"), outputs["workspace"], shape.activation == "silu")
-        nbytes = 4 * bwd_splits(shape, kernel["tile_l"], kernel["tile_d"]) * shape.dim * (shape.width + 1)
+        nbytes = 4 * bwd_splits(shape, kernel["tile_l"], kernel["tile_d"], kernel["split_blocks"]) \
+            * shape.dim * (shape.width + 1)
         rt.launch_bwd(kernel, *args, nbytes, stream)
 
 

@@ -1,4 +1,4 @@
--- cc1d tuning DB, schema version 1.
+-- cc1d tuning DB, schema version 2 (2 added winners.split_blocks).
 -- The DB is code: it holds the kernel sources the runtime compiles, addressed
 -- by the sha256 of their text. The runtime reads `meta`, `winners` and `sources`;
 -- `trials` is the tuner's record of every candidate it tried (and what --resume reads).
@@ -47,6 +47,7 @@ CREATE TABLE IF NOT EXISTS winners (
     tile_d       INTEGER NOT NULL,
     smem_bytes   INTEGER NOT NULL,
     align_bytes  INTEGER NOT NULL,   -- the call's pointers/strides must meet it, else fall back
+    split_blocks INTEGER NOT NULL DEFAULT 0,  -- bwd: blocks aimed at (the partial-sum rows); 0 for fwd
     epoch        INTEGER NOT NULL,
     time_us      REAL NOT NULL,
     default_us   REAL,               -- the default variant, re-timed beside the winner

@@ -10,9 +10,9 @@
 namespace cc1d {
 namespace {
 
-// The kernels' contract (templates/bwd_*.j2). Constants, not device limits, so
-// that splits (the partials' summation order) is the same on every device.
-constexpr int64_t kTargetBlocks = 2048;  // cc1d_kernel blocks aimed at: splits x channel groups
+// The kernels' contract (templates/bwd_*.j2). Constants and the variant's
+// split_blocks, not device limits, so that splits (the partials' summation
+// order) is the same on every device.
 constexpr int64_t kMaxGroups = 65535;    // grid.y of cc1d_kernel; the kernel loops over further groups
 constexpr unsigned kReduceThreads = 256; // block of cc1d_reduce: one thread per (channel, tap or bias)
 
@@ -40,11 +40,14 @@ int64_t channel_groups(const BwdParams& p, const KernelVariant& v) {
   return std::min(ceil_div(p.dim, v.tile_d), kMaxGroups);
 }
 
-// max(1, min(items, ceil(kTargetBlocks / groups))), items = batch * ceil(seqlen / tile_l).
+// max(1, min(items, ceil(split_blocks / groups))), items = batch * ceil(seqlen / tile_l).
 int64_t splits_of(const BwdParams& p, const KernelVariant& v) {
+  if (v.split_blocks < 1)
+    throw InvalidArgument("variant " + v.key + ": split_blocks must be >= 1 for the backward, got " +
+                          std::to_string(v.split_blocks));
   int64_t items = 0;
   if (__builtin_mul_overflow(p.batch, ceil_div(p.seqlen, v.tile_l), &items)) items = INT64_MAX;
-  return std::max<int64_t>(1, std::min(items, ceil_div(kTargetBlocks, channel_groups(p, v))));
+  return std::max<int64_t>(1, std::min(items, ceil_div(v.split_blocks, channel_groups(p, v))));
 }
 
 // splits * dim * (width + 1) fp32 partial sums.

@@ -13,7 +13,7 @@ struct Entry {
   const char* key;     // readable variant key
   const char* hash;    // sha256 hex of source
   const char* source;  // complete translation unit, entry point cc1d_kernel
-  int threads, tile_l, tile_d, smem_bytes, align_bytes;
+  int threads, tile_l, tile_d, smem_bytes, align_bytes, split_blocks;
 };
 
 const Entry* entries();

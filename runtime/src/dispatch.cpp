@@ -34,7 +34,7 @@ const std::vector<KernelVariant>& catalog_variants() {
     const catalog::Entry* e = catalog::entries();
     for (std::size_t i = 0; i < catalog::num_entries(); ++i)
       v.push_back({e[i].key, e[i].hash, e[i].source, e[i].threads, e[i].tile_l, e[i].tile_d,
-                   e[i].smem_bytes, e[i].align_bytes});
+                   e[i].smem_bytes, e[i].align_bytes, e[i].split_blocks});
     return v;
   }();
   return all;

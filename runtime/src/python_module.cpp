@@ -96,6 +96,7 @@ py::dict variant_dict(const KernelVariant& v) {
   d["tile_d"] = v.tile_d;
   d["smem_bytes"] = v.smem_bytes;
   d["align_bytes"] = v.align_bytes;
+  d["split_blocks"] = v.split_blocks;
   return d;
 }
 
@@ -113,6 +114,8 @@ KernelVariant variant_from(const py::dict& d) {
   v.tile_d = need("tile_d").cast<int>();
   v.smem_bytes = need("smem_bytes").cast<int>();
   v.align_bytes = need("align_bytes").cast<int>();
+  // Optional: forward variants have none; the backward checks it is >= 1.
+  if (d.contains("split_blocks")) v.split_blocks = d["split_blocks"].cast<int>();
   return v;
 }
 
@@ -378,7 +381,7 @@ PYBIND11_MODULE(_cc1d, m) {
     const catalog::Entry* e = catalog::entries();
     for (std::size_t i = 0; i < catalog::num_entries(); ++i) {
       py::dict d = variant_dict({e[i].key, e[i].hash, e[i].source, e[i].threads, e[i].tile_l, e[i].tile_d,
-                                 e[i].smem_bytes, e[i].align_bytes});
+                                 e[i].smem_bytes, e[i].align_bytes, e[i].split_blocks});
       d["family"] = e[i].family;
       out.append(std::move(d));
     }

@@ -23,15 +23,20 @@ constexpr const char* kFeatureNames[] = {"bias", "silu", "seqidx", "init", "fina
 
 // Column order of kWinnersSql.
 enum Col { kFamily, kShape, kBatch, kDim, kSeqlen, kFeatures, kVariantKey, kHash, kThreads, kTileL,
-           kTileD, kSmem, kAlign, kEpoch, kSource, kNumCols };
+           kTileD, kSmem, kAlign, kEpoch, kSource, kSplitBlocks, kNumCols };
 constexpr const char* kColNames[] = {"family_key", "shape_key", "batch", "dim", "seqlen", "features",
                                      "variant_key", "source_hash", "threads", "tile_l", "tile_d",
-                                     "smem_bytes", "align_bytes", "epoch", "source"};
+                                     "smem_bytes", "align_bytes", "epoch", "source", "split_blocks"};
 static_assert(sizeof(kColNames) / sizeof(kColNames[0]) == kNumCols);
-constexpr const char* kWinnersSql =
-    "SELECT w.family_key, w.shape_key, w.batch, w.dim, w.seqlen, w.features, w.variant_key, "
-    "w.source_hash, w.threads, w.tile_l, w.tile_d, w.smem_bytes, w.align_bytes, w.epoch, s.source "
-    "FROM winners AS w LEFT JOIN sources AS s ON s.hash = w.source_hash WHERE w.arch = ?";
+// Schema 1 had no split_blocks: its backward winners were tuned, and ran,
+// with the fixed 2048 that schema 2 made a tunable.
+std::string winners_sql(int64_t version) {
+  return std::string(
+             "SELECT w.family_key, w.shape_key, w.batch, w.dim, w.seqlen, w.features, w.variant_key, "
+             "w.source_hash, w.threads, w.tile_l, w.tile_d, w.smem_bytes, w.align_bytes, w.epoch, s.source, ") +
+         (version >= 2 ? "w.split_blocks" : "CASE WHEN w.op = 'bwd' THEN 2048 ELSE 0 END") +
+         " FROM winners AS w LEFT JOIN sources AS s ON s.hash = w.source_hash WHERE w.arch = ?";
+}
 
 bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
@@ -40,7 +45,7 @@ std::string check_row(const sqlite::Stmt& s, std::map<std::string, bool>& hash_o
                       std::map<std::string, std::shared_ptr<const KernelVariant>>& variants, TunedEntry& out) {
   for (int c : {kFamily, kShape, kFeatures, kVariantKey, kHash})
     if (s.is_null(c)) return std::string("column ") + kColNames[c] + " is NULL";
-  for (int c : {kBatch, kDim, kSeqlen, kThreads, kTileL, kTileD, kSmem, kAlign, kEpoch})
+  for (int c : {kBatch, kDim, kSeqlen, kThreads, kTileL, kTileD, kSmem, kAlign, kEpoch, kSplitBlocks})
     if (!s.is_integer(c)) return std::string("column ") + kColNames[c] + " is NULL or not an integer";
   const int64_t epoch = s.int64(kEpoch);
   if (epoch != catalog::generator_epoch())
@@ -60,7 +65,11 @@ std::string check_row(const sqlite::Stmt& s, std::map<std::string, bool>& hash_o
       v.key[out.family.size()] != '.')
     return "variant " + v.key + " is not of family " + out.family;
   const int64_t threads = s.int64(kThreads), tile_l = s.int64(kTileL), tile_d = s.int64(kTileD),
-                smem = s.int64(kSmem), align = s.int64(kAlign);
+                smem = s.int64(kSmem), align = s.int64(kAlign), split_blocks = s.int64(kSplitBlocks);
+  const bool bwd = out.family.compare(0, 4, "bwd.") == 0;
+  if (bwd ? split_blocks < 1 || split_blocks > (1 << 24) : split_blocks != 0)
+    return "split_blocks " + std::to_string(split_blocks) + " out of range (the backward needs 1.." +
+           std::to_string(1 << 24) + ", other ops 0)";
   if (threads < 1 || threads > 4096 || tile_l < 1 || tile_l > (1 << 20) || tile_d < 1 || tile_d > (1 << 20) ||
       smem < 0 || smem > (1 << 24) || !is_pow2(align) || align > 256)
     return "launch geometry out of range (threads, tile_l, tile_d >= 1, smem_bytes >= 0, align_bytes a power of "
@@ -71,10 +80,12 @@ std::string check_row(const sqlite::Stmt& s, std::map<std::string, bool>& hash_o
   v.tile_d = int(tile_d);
   v.smem_bytes = int(smem);
   v.align_bytes = int(align);
+  v.split_blocks = int(split_blocks);
   if (auto it = variants.find(v.key); it != variants.end()) {
     const KernelVariant& o = *it->second;
     if (o.hash != v.hash || o.threads != v.threads || o.tile_l != v.tile_l || o.tile_d != v.tile_d ||
-        o.smem_bytes != v.smem_bytes || o.align_bytes != v.align_bytes)
+        o.smem_bytes != v.smem_bytes || o.align_bytes != v.align_bytes ||
+        o.split_blocks != v.split_blocks)
       return "variant " + v.key + " is stored twice with different hashes or geometry";
     out.variant = it->second;
     return "";
@@ -134,7 +145,7 @@ std::shared_ptr<const TunedSet> load(const std::string& path, const std::string&
                                                 "; not used (upgrade cc1d)");
       return set;
     }
-    sqlite::Stmt s = db.prepare(kWinnersSql);
+    sqlite::Stmt s = db.prepare(winners_sql(version).c_str());
     s.bind_text(1, arch);
     std::map<std::string, bool> hash_ok;
     std::map<std::string, std::shared_ptr<const KernelVariant>> variants;

@@ -12,7 +12,7 @@
 
 namespace cc1d {
 
-constexpr int kSchemaVersion = 1;  // tuner/db.py SCHEMA_VERSION
+constexpr int kSchemaVersion = 2;  // tuner/db.py SCHEMA_VERSION
 
 // The `features` column: comma-separated names, as tuner/shapes.py Shape.features() writes them.
 enum Feature : unsigned { kBias = 1, kSilu = 2, kSeqIdx = 4, kInit = 8, kFinal = 16 };

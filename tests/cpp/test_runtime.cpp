@@ -112,9 +112,9 @@ cc1d::BwdArgs good_bwd_args() {
 int64_t ceil_div(int64_t n, int64_t d) { return (n + d - 1) / d; }
 
 // The documented rule (cc1d.h, causal_conv1d_bwd), written out again.
-int64_t expected_splits(int64_t b, int64_t d, int64_t l, int tile_l, int tile_d) {
+int64_t expected_splits(int64_t b, int64_t d, int64_t l, int tile_l, int tile_d, int split_blocks) {
   const int64_t items = b * ceil_div(l, tile_l), groups = std::min<int64_t>(ceil_div(d, tile_d), 65535);
-  return std::max<int64_t>(1, std::min(items, ceil_div(2048, groups)));
+  return std::max<int64_t>(1, std::min(items, ceil_div(split_blocks, groups)));
 }
 
 void test_bwd_validation() {
@@ -167,15 +167,25 @@ void test_bwd_workspace() {
   const cc1d::KernelVariant v = cc1d::select_bwd(a, "sm_999");
   check(v.key.rfind("bwd.cf.f32wf32.w4.", 0) == 0, "select_bwd picks a bwd variant of the family: " + v.key);
   check(cc1d::explain_bwd(a, "sm_999").variant.key == v.key, "explain_bwd agrees with select_bwd");
-  const size_t want = size_t(expected_splits(2, 8, 16, v.tile_l, v.tile_d)) * 8 * 5 * 4;
+  const size_t want = size_t(expected_splits(2, 8, 16, v.tile_l, v.tile_d, v.split_blocks)) * 8 * 5 * 4;
   check(cc1d::bwd_workspace_bytes(a, "sm_999") == want,
         "bwd_workspace_bytes = splits * dim * (width + 1) * 4 = " + std::to_string(want));
   // A hand-made variant states the rule with known tiles: 4 items of 2 x 2, 2 groups -> 4 splits.
-  cc1d::KernelVariant t{"bwd.cf.f32wf32.w4.test", std::string(64, '0'), "", 128, 8, 4, 0, 4};
+  cc1d::KernelVariant t{"bwd.cf.f32wf32.w4.test", std::string(64, '0'), "", 128, 8, 4, 0, 4, 2048};
   a.workspace_bytes = 4 * 8 * 5 * 4 - 1;
   check_throws<InvalidArgument>([&] { cc1d::launch_bwd(t, a); },
                                 "workspace_bytes must be >= 640 (splits 4 x dim 8 x (width + 1) x 4 bytes",
                                 "launch_bwd: workspace too small");
+  // split_blocks is the variant's: aiming at one block gives one split, and 160 bytes of partials.
+  t.split_blocks = 1;
+  a.workspace_bytes = 159;
+  check_throws<InvalidArgument>([&] { cc1d::launch_bwd(t, a); }, "workspace_bytes must be >= 160 (splits 1 x",
+                                "launch_bwd: split_blocks sets the splits");
+  t.split_blocks = 0;
+  check_throws<InvalidArgument>([&] { cc1d::launch_bwd(t, a); }, "split_blocks must be >= 1 for the backward, got 0",
+                                "launch_bwd: split_blocks >= 1");
+  t.split_blocks = 2048;
+  a.workspace_bytes = 4 * 8 * 5 * 4 - 1;
   // 70000 channel groups clamp to 65535: one split.
   auto big = good_bwd_args();
   big.p.dim = 70000;
@@ -185,7 +195,7 @@ void test_bwd_workspace() {
   big.p.w_dim_stride = big.p.dw_dim_stride = 0;
   big.p.bias_stride = big.p.db_stride = 0;
   big.workspace_bytes = 0;
-  cc1d::KernelVariant one{"bwd.cf.f32wf32.w4.test", std::string(64, '0'), "", 128, 8, 1, 0, 4};
+  cc1d::KernelVariant one{"bwd.cf.f32wf32.w4.test", std::string(64, '0'), "", 128, 8, 1, 0, 4, 2048};
   check_throws<InvalidArgument>([&] { cc1d::launch_bwd(one, big); }, "workspace_bytes must be >= 1400000 (splits 1 x",
                                 "launch_bwd: 65535 groups at most");
   // The alignment of dout alone moves the choice to a variant needing less.

@@ -40,6 +40,8 @@ struct KernelVariant {
   int tile_d = 0;       // channels per block
   int smem_bytes = 0;   // dynamic shared memory per block
   int align_bytes = 1;  // x/out (bwd: x/dout/dx) base pointers and outer strides must be multiples of this (bytes)
+  int split_blocks = 0; // bwd: cc1d_kernel blocks aimed at, which sets the split count (see
+                        // causal_conv1d_bwd); >= 1 for the backward, 0 for other ops
 };
 
 // ---- forward ------------------------------------------------------------
@@ -143,8 +145,8 @@ struct BwdArgs {
 //     into p.partials ([splits][dim][width + 1]);
 //   cc1d_reduce: grid ceil(dim*(width+1)/256) of 256 threads; sums the partials
 //     in split order into dweight (and dbias if given).
-// splits = max(1, min(batch*ceil(seqlen/tile_l), ceil(2048/min(ceil(dim/tile_d), 65535))))
-// depends on the variant only, never on the device, and there are no float
+// splits = max(1, min(batch*ceil(seqlen/tile_l), ceil(split_blocks/min(ceil(dim/tile_d), 65535))))
+// (split_blocks: the variant's tunable partial-sum layout) depends on the variant only, never on the device, and there are no float
 // atomics: for one variant the results are bitwise reproducible.
 // Requirements beyond the forward's: x, dout and dx share one layout; dx
 // overlaps neither x nor dout (the kernel reads their neighbours after writing
