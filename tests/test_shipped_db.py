@@ -85,8 +85,8 @@ def test_installed_with_the_package(shipped):
 # ---- the runtime reads them -------------------------------------------------------
 
 def call_for(family_key: str, batch: int, dim: int, seqlen: int, features: str) -> list:
-    """explain_fwd's arguments for contiguous tensors of a tuned problem (what the
-    tuner measured on), at fake, 256-aligned addresses (explain touches no memory)."""
+    """["fwd"|"bwd", explain_*'s arguments...] for contiguous tensors of a tuned problem
+    (what the tuner measured on), at fake, 1 MiB-aligned addresses (explain touches no memory)."""
     fam = family_from_key(family_key)
     feats = {f for f in features.split(",") if f}
     b, d, n, w = batch, dim, seqlen, fam.width
@@ -96,6 +96,25 @@ def call_for(family_key: str, batch: int, dim: int, seqlen: int, features: str) 
             (5 << 20) * ("init" in feats), 6 << 20, (7 << 20) * ("final" in feats)]
     strides = [*act, w, 1, int("bias" in feats), *act, *((n, 1) if "seqidx" in feats else (0, 0)),
                *(state if "init" in feats else (0, 0, 0)), *(state if "final" in feats else (0, 0, 0))]
+    if fam.op == "bwd":
+        return ["bwd", *bwd_call_for(fam, b, d, n, feats)]
+    return ["fwd", ptrs, [b, d, n, w], strides, DTYPE_CODES[fam.x_dtype], DTYPE_CODES[fam.w_dtype],
+            "silu" in feats]
+
+
+def bwd_call_for(fam, b: int, d: int, n: int, feats: set) -> list:
+    """explain_bwd's arguments, as call_for's (addresses 4 GiB apart): x, dout and dx alike; dinitial_states with
+    initial_states; "final" = dfinal_states given."""
+    w = fam.width
+    act = (d * n, n, 1) if fam.layout == "cf" else (d * n, 1, d)
+    state = (d * (w - 1), w - 1, 1)
+    init, final, seq = "init" in feats, "final" in feats, "seqidx" in feats
+    used = (True, True, "bias" in feats, seq, init, True, final, True, init, True, "bias" in feats, True)
+    ptrs = [(i + 1 << 32) * u for i, u in enumerate(used)]  # 4 GiB apart: dx overlaps nothing
+    none3 = (0, 0, 0)
+    strides = [*act, w, 1, int("bias" in feats), *act, *act, *((n, 1) if seq else (0, 0)),
+               *(state if init else none3), *(state if final else none3), *(state if init else none3),
+               w, 1, int("bias" in feats)]
     return [ptrs, [b, d, n, w], strides, DTYPE_CODES[fam.x_dtype], DTYPE_CODES[fam.w_dtype], "silu" in feats]
 
 
@@ -109,8 +128,8 @@ a = json.loads(sys.argv[1])
 if a["package_dir"]:
     rt.set_package_dir(a["package_dir"])
 out = []
-for call in a["calls"]:
-    e = rt.explain_fwd(*call, 0, a["arch"])
+for op, *call in a["calls"]:
+    e = rt.explain_fwd(*call, 0, a["arch"]) if op == "fwd" else rt.explain_bwd(*call, arch=a["arch"])
     out.append({k: e[k] for k in ("reason", "source", "key", "matched_shape", "detail")})
 print(json.dumps({"explained": out, "logs": logs}))
 """
