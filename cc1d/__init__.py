@@ -19,9 +19,26 @@ _TORCH_API = {
     "causal_conv1d_ref": "cc1d.reference",
     "explain": "cc1d.ops",
     "warmup": "cc1d._warmup",
+    "causal_conv1d_fwd": "cc1d.aiter",
 }
 
-__all__ = [*_TORCH_API, "set_tuning_db", "dispatch_stats", "__version__"]
+__all__ = [*_TORCH_API, "set_tuning_db", "dispatch_stats", "install_causal_conv1d_alias",
+           "uninstall_causal_conv1d_alias", "__version__"]
+
+
+def install_causal_conv1d_alias():
+    """Make ``import causal_conv1d`` (and causal_conv1d.causal_conv1d_interface,
+    .causal_conv1d_varlen, .cpp_functions) resolve to cc1d, with the peer's names and
+    signatures; returns the causal_conv1d module. Also: ``CC1D_AS_CAUSAL_CONV1D=1``
+    (installed at ``import cc1d``) or ``python -m cc1d.alias SCRIPT``. See cc1d.alias."""
+    from .alias import install_causal_conv1d_alias as install
+    return install()
+
+
+def uninstall_causal_conv1d_alias() -> None:
+    """Undo ``install_causal_conv1d_alias``."""
+    from .alias import uninstall_causal_conv1d_alias as uninstall
+    uninstall()
 
 
 def set_tuning_db(*paths: "str | os.PathLike[str]") -> None:
@@ -46,3 +63,8 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'cc1d' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
+
+
+if os.environ.get("CC1D_AS_CAUSAL_CONV1D"):
+    from .alias import install_from_environment as _install_from_environment
+    _install_from_environment()

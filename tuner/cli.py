@@ -29,7 +29,8 @@ class UsageError(Exception):
 def tune_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cc1d-tune", description="Search per-shape kernel configs on the local GPU and store the "
-        "winners in the cc1d tuning DB. Also: cc1d-tune db show|export|import|merge|validate|finalize.")
+        "winners in the cc1d tuning DB. Also: cc1d-tune db show|export|import|merge|validate|finalize, "
+        "cc1d-tune report --db PATH --out DIR.")
     p.add_argument("--arch", default="auto", help="target (sm_90, gfx942, ...) or 'auto' = the visible "
                    "device's (default); must match the device unless --compile-only")
     p.add_argument("--shapes", required=True, help="shapes.yaml (see examples/shapes.yaml)")
@@ -314,6 +315,26 @@ def db_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def report_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cc1d-tune report", description="Write an HTML page with PNG plots of a "
+                                "tuning DB: % of copy (default vs tuned), speedup and search convergence per shape.")
+    p.add_argument("--db", default=None, help=f"tuning DB to read, never written (default: {default_db_path()})")
+    p.add_argument("--out", required=True, help="folder for index.html and the PNGs (created if missing)")
+    return p
+
+
+def report_main(argv: Sequence[str]) -> int:
+    args = report_parser().parse_args(argv)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ImportError("cc1d-tune report needs matplotlib: pip install matplotlib") from None
+    from .report_html import write_html_report
+    index = write_html_report(Path(args.db) if args.db else default_db_path(), args.out)
+    print(f"wrote {index}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, *,
          probe: Callable[[], DeviceInfo | None] = probe_device) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -322,6 +343,8 @@ def main(argv: Sequence[str] | None = None, *,
     try:
         if argv[:1] == ["db"]:
             return db_main(argv[1:])
+        if argv[:1] == ["report"]:
+            return report_main(argv[1:])
         args = tune_parser().parse_args(argv)
         if args.trials is not None and args.trials < 1:
             raise UsageError(f"--trials: expected a positive number, got {args.trials}")

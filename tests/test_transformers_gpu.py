@@ -1,0 +1,197 @@
+"""A real client: Hugging Face transformers' Mamba with cc1d installed as causal_conv1d
+(marker: gpu; skips without transformers or a GPU; builds a small random model from a
+config, no downloads).
+
+transformers 5.x loads causal_conv1d through ``lazy_load_kernel("causal-conv1d")``:
+without the ``kernels`` package that checks ``is_causal_conv1d_available()``
+(importlib.util.find_spec) and imports ``causal_conv1d``, i.e. cc1d's alias. Its
+fast path (``MambaMixer.cuda_kernels_forward``, which calls causal_conv1d_fn for
+prefill and causal_conv1d_update for decode) is taken only when mamba_ssm's
+kernels are present too. mamba_ssm is not installed on the test machine, so this
+test provides mamba_ssm's selective_scan_fn / selective_state_update as plain
+PyTorch recurrences (defined here) through transformers' own kernel mapping; the
+conv is cc1d's. The model runs in eval mode with gradients on, so the fast path
+takes its unfused branch (the fused training branch, mamba_inner_fn, is mamba_ssm's
+own kernel and has no stand-in here). The comparison is against transformers' slow
+path (nn.Conv1d and its own sequential scan) on the same weights.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+transformers = pytest.importorskip("transformers")
+
+import torch.nn.functional as F  # noqa: E402
+
+import cc1d  # noqa: E402
+
+from fwd_cases import rel_l2  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+modeling_mamba = importlib.import_module("transformers.models.mamba.modeling_mamba")
+if not hasattr(modeling_mamba, "lazy_load_kernel"):
+    pytest.skip(f"transformers {transformers.__version__}: modeling_mamba does not load kernels through "
+                "lazy_load_kernel (this test covers transformers 5.x)", allow_module_level=True)
+
+
+# ---- mamba_ssm stand-ins (plain PyTorch, float32 state) --------------------------------
+
+def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+                      return_last_state=False):
+    """u, delta, z (batch, dim, seqlen); A (dim, n); B, C (batch, n, seqlen); D, delta_bias (dim)."""
+    dt = delta.float()
+    if delta_bias is not None:
+        dt = dt + delta_bias.float()[None, :, None]
+    if delta_softplus:
+        dt = F.softplus(dt)
+    batch, dim, seqlen = u.shape
+    h = torch.zeros(batch, dim, A.shape[1], device=u.device, dtype=torch.float32)
+    ys = []
+    for t in range(seqlen):
+        h = torch.exp(dt[:, :, t, None] * A) * h + dt[:, :, t, None] * B[:, None, :, t].float() * u[:, :, t, None].float()
+        ys.append((h * C[:, None, :, t].float()).sum(-1))
+    y = torch.stack(ys, dim=-1)
+    if D is not None:
+        y = y + u.float() * D.float()[:, None]
+    if z is not None:
+        y = y * F.silu(z.float())
+    y = y.to(u.dtype)
+    return (y, h) if return_last_state else y
+
+
+def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """One decode step: state (batch, dim, n) updated in place; x, dt, z (batch, dim); B, C (batch, n)."""
+    dt = dt.float() + (0 if dt_bias is None else dt_bias.float())
+    if dt_softplus:
+        dt = F.softplus(dt)
+    new = torch.exp(dt[..., None] * A) * state.float() + dt[..., None] * B[:, None, :].float() * x[..., None].float()
+    state.copy_(new)
+    y = (new * C[:, None, :].float()).sum(-1)
+    if D is not None:
+        y = y + D.float() * x.float()
+    if z is not None:
+        y = y * F.silu(z.float())
+    return y.to(x.dtype)
+
+
+def mamba_inner_fn(*args, **kwargs):
+    raise AssertionError("the fused training kernel (mamba_inner_fn) has no stand-in: run the model in eval mode")
+
+
+def _kernel_mapping() -> dict:
+    """transformers' cache of loaded kernels (lazy_load_kernel's default mapping)."""
+    param = inspect.signature(modeling_mamba.lazy_load_kernel).parameters.get("mapping")
+    if param is not None and isinstance(param.default, dict):
+        return param.default
+    hub = importlib.import_module("transformers.integrations.hub_kernels")
+    mapping = getattr(hub, "_KERNEL_MODULE_MAPPING", None)
+    if not isinstance(mapping, dict):
+        pytest.skip(f"transformers {transformers.__version__}: no kernel mapping to place the mamba_ssm stand-ins in")
+    return mapping
+
+
+@pytest.fixture
+def cc1d_as_causal_conv1d(monkeypatch):
+    """Alias installed, mamba_ssm stand-ins in transformers' kernel mapping, calls counted."""
+    from transformers.utils import import_utils
+    mapping = _kernel_mapping()
+    saved = dict(mapping)
+    cc1d.uninstall_causal_conv1d_alias()
+    module = cc1d.install_causal_conv1d_alias()
+    calls = {"causal_conv1d_fn": 0, "causal_conv1d_update": 0}
+    for name in calls:
+        real = getattr(module, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(module, name, counted)
+    fake_ssm = types.ModuleType("mamba_ssm")
+    fake_ssm.selective_scan_fn = selective_scan_fn
+    fake_ssm.selective_state_update = selective_state_update
+    fake_ssm.mamba_inner_fn = mamba_inner_fn
+    mapping.pop("causal-conv1d", None)
+    mapping["mamba-ssm"] = fake_ssm
+    cache_clear = getattr(import_utils.is_causal_conv1d_available, "cache_clear", None)
+    if cache_clear:
+        cache_clear()  # it is lru_cached: computed again now that find_spec finds the alias
+    if getattr(import_utils, "is_kernels_available", lambda: False)():
+        # with the `kernels` package transformers asks the Hub instead of importing causal_conv1d
+        # (no network here): hand it the import's result directly
+        mapping["causal-conv1d"] = module
+    loaded = modeling_mamba.lazy_load_kernel("causal-conv1d")
+    assert loaded is sys.modules["causal_conv1d"] and getattr(loaded, "__cc1d__", False), \
+        f"transformers loaded {loaded!r} for causal-conv1d, not cc1d's alias"
+    yield calls
+    mapping.clear()
+    mapping.update(saved)
+    if cache_clear:
+        cache_clear()
+    cc1d.uninstall_causal_conv1d_alias()
+
+
+def _model():
+    config = transformers.MambaConfig(vocab_size=101, hidden_size=48, state_size=8, num_hidden_layers=2,
+                                      conv_kernel=4, expand=2, use_conv_bias=True, use_bias=False,
+                                      eos_token_id=None, pad_token_id=0, bos_token_id=None)
+    torch.manual_seed(0)
+    model = transformers.MambaForCausalLM(config).to("cuda", torch.float32).eval()
+    with torch.no_grad():  # non-zero conv bias, so the bias path is compared too
+        for layer in model.backbone.layers:
+            layer.mixer.conv1d.bias.normal_(0, 0.1)
+    return model
+
+
+def _forward_backward(model, input_ids):
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=input_ids, labels=input_ids, use_cache=False)
+    out.loss.backward()
+    return out.logits.detach(), {k: p.grad.detach().clone() for k, p in model.named_parameters()
+                                 if p.grad is not None}
+
+
+def test_mamba_forward_backward_through_cc1d_matches_the_slow_path(cc1d_as_causal_conv1d, monkeypatch):
+    calls = cc1d_as_causal_conv1d
+    model = _model()
+    assert modeling_mamba.causal_conv1d_fn is sys.modules["causal_conv1d"].causal_conv1d_fn
+    input_ids = torch.randint(1, 101, (3, 45), device="cuda")
+    logits, grads = _forward_backward(model, input_ids)
+    assert calls["causal_conv1d_fn"] == 2, calls  # one per layer: the fast path ran on cc1d
+    with monkeypatch.context() as m:
+        m.setattr(modeling_mamba, "causal_conv1d_fn", None)  # fast path off: transformers' slow_forward
+        want_logits, want_grads = _forward_backward(model, input_ids)
+    assert calls["causal_conv1d_fn"] == 2, calls
+    assert not torch.isnan(logits).any()
+    assert rel_l2(logits, want_logits) < 1e-4
+    assert set(grads) == set(want_grads) and any("conv1d" in k for k in grads)
+    for k in want_grads:
+        assert not torch.isnan(grads[k]).any(), k
+        assert rel_l2(grads[k], want_grads[k]) < 1e-3, k
+
+
+def test_mamba_generate_decodes_through_causal_conv1d_update(cc1d_as_causal_conv1d, monkeypatch):
+    if not hasattr(cc1d, "causal_conv1d_update"):
+        pytest.skip("cc1d.causal_conv1d_update is not in this build (the decode issue adds it)")
+    calls = cc1d_as_causal_conv1d
+    model = _model()
+    input_ids = torch.randint(1, 101, (2, 13), device="cuda")
+    kwargs = dict(max_new_tokens=6, do_sample=False, output_scores=True, return_dict_in_generate=True)
+    fast = model.generate(input_ids, **kwargs)
+    # prefill through causal_conv1d_fn, then one causal_conv1d_update per layer and new token
+    assert calls["causal_conv1d_fn"] >= 2 and calls["causal_conv1d_update"] >= 2 * 5, calls
+    with monkeypatch.context() as m:
+        m.setattr(modeling_mamba, "causal_conv1d_fn", None)
+        slow = model.generate(input_ids, **kwargs)
+    assert torch.equal(fast.sequences, slow.sequences)
+    for got, want in zip(fast.scores, slow.scores):
+        assert not torch.isnan(got).any()
+        assert rel_l2(got, want) < 1e-4
