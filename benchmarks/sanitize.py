@@ -168,6 +168,23 @@ def child(plan_file: str) -> int:
     return 0
 
 
+def precompile(rows: list[dict]) -> None:
+    """Fill the disk compile cache in parallel, outside the sanitizer (the children then only load)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from cc1d._runtime import runtime
+    from cc1d.generator import variants
+    from cc1d.tuner.db import family_from_key
+    rt = runtime()
+    target = rt.device_target("cuda", 0)
+    wanted: dict[str, set] = defaultdict(set)
+    for r in rows:
+        wanted[r["family"]].add(r["variant"])
+    sources = [v.source for fam, keys in wanted.items() for v in variants(family_from_key(fam)) if v.key() in keys]
+    with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        list(pool.map(lambda src: rt.compile(src, target), sources))
+    print(f"compiled {len(sources)} variants for {target}", flush=True)
+
+
 def find_sanitizer() -> str:
     found = shutil.which("compute-sanitizer")
     candidates = [found] if found else []
@@ -202,6 +219,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(json.dumps(rows))
     sanitizer = find_sanitizer()
+    precompile(rows)
     env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
     results = {}
     for tool in args.tools.split(","):
