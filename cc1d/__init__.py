@@ -53,7 +53,10 @@ def set_tuning_db(*paths: "str | os.PathLike[str]") -> None:
 def dispatch_stats() -> dict[str, int]:
     """Process-wide counters: ``decisions`` (dispatch decisions computed, i.e. memo
     misses) and ``loads`` (kernels loaded into a GPU context). A call that adds to
-    either did work that a CUDA-graph capture cannot hold: ``cc1d.warmup`` it first."""
+    either did work that a CUDA-graph capture cannot hold: ``cc1d.warmup`` it first.
+    Also ``compiles`` (compiler invocations: misses of both the in-memory and the
+    disk compile cache) and ``corrupt_cache_files`` (disk-cache files that failed
+    their hash check and were rebuilt)."""
     from ._runtime import runtime
     return dict(runtime().dispatch_stats())
 

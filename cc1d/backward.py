@@ -34,8 +34,9 @@ def _same_layout_as(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _validate_bwd(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, activation):
-    silu = ops._validate(x, weight, bias, seq_idx, initial_states, None, activation)
+def _validate_bwd(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, activation,
+                  require_device: bool = True):
+    silu = ops._validate(x, weight, bias, seq_idx, initial_states, None, activation, require_device)
     C.check_tensor(_FN, "dout", dout, 3)
     C.check_shape(_FN, "dout", dout, tuple(x.shape), "batch, dim, seqlen")
     C.check_device(_FN, "dout", dout, x.device)

@@ -3,6 +3,7 @@ target without a GPU, and inspect / ship / merge / validate tuning DBs."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -47,6 +48,11 @@ def tune_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-only", action="store_true",
                    help="only compile every candidate for --arch (no GPU needed) and report failures")
     p.add_argument("--report", help="write a JSON report of the results here")
+    p.add_argument("--isolate", action="store_true",
+                   help="measure in a worker process that is restarted when a candidate hangs or crashes it "
+                        "(the candidate is recorded as an error); see --candidate-timeout")
+    p.add_argument("--candidate-timeout", type=float, default=120.0,
+                   help="with --isolate: seconds one validation or timing may take (default 120)")
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a --workers child
     p.add_argument("-v", "--verbose", action="store_true")
@@ -205,7 +211,8 @@ def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], Devi
     if args.compile_only:
         return compile_only(args, shapes, arch, rt)
     db_path = Path(args.db) if args.db else default_db_path()
-    from .evaluate import GpuEvaluator
+    from .evaluate import GpuEvaluator, compile_variant
+    from .isolate import IsolatedEvaluator, gpu_evaluator
     from .measure import copy_bandwidth
     from .report import table, write_report
     from .search import SearchConfig, tune_shape
@@ -232,9 +239,18 @@ def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], Devi
                 if o.status != "invalid":
                     tbar.update(1)
 
-            evaluator = GpuEvaluator(rt, shape, arch)
-            results.append(tune_shape(shape, arch, evaluator, db, cfg, storage=storage, copy_bw=copy_bw,
-                                      environment=env, run_id=run_id, on_trial=on_trial))
+            if args.isolate:
+                evaluator = IsolatedEvaluator(functools.partial(gpu_evaluator, shape, arch),
+                                              timeout_s=args.candidate_timeout,
+                                              compile_fn=functools.partial(compile_variant, rt, target=arch))
+            else:
+                evaluator = GpuEvaluator(rt, shape, arch)
+            try:
+                results.append(tune_shape(shape, arch, evaluator, db, cfg, storage=storage, copy_bw=copy_bw,
+                                          environment=env, run_id=run_id, on_trial=on_trial))
+            finally:
+                if args.isolate:
+                    evaluator.close()
             tbar.close()
             del evaluator
     if args.worker:

@@ -121,6 +121,13 @@ class TuningDB:
         if self.readonly:
             self._check_readable()
             return
+        tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if tables and "meta" not in tables:
+            # Someone else's SQLite file: adding our tables to it would be writing where we cannot trust.
+            raise DBError(f"tuning DB {self.path} is an SQLite DB of something else (tables "
+                          f"{sorted(tables)[:5]}, no 'meta'): refusing to write to it; pass another --db")
+        if "meta" in tables:  # refuse before anything (even the journal mode) changes the file
+            self._refuse_newer(int(self.meta().get("schema_version", SCHEMA_VERSION)))
         if self.conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             self.conn.execute("PRAGMA journal_mode = WAL")
         with self.transaction():
@@ -128,14 +135,17 @@ class TuningDB:
                 self.conn.execute(stmt)
             meta = self.meta()
             version = int(meta.get("schema_version", SCHEMA_VERSION))
-            if version > SCHEMA_VERSION:
-                raise DBError(f"tuning DB {self.path} has schema version {version}, newer than this "
-                              f"cc1d's {SCHEMA_VERSION}: upgrade cc1d, or pass another --db")
+            self._refuse_newer(version)
             if version < SCHEMA_VERSION:
                 self._migrate(version)
             self.conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
                               (str(SCHEMA_VERSION),))
             self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('generator_epoch', ?)", (str(EPOCH),))
+
+    def _refuse_newer(self, version: int) -> None:
+        if version > SCHEMA_VERSION:
+            raise DBError(f"tuning DB {self.path} has schema version {version}, newer than this "
+                          f"cc1d's {SCHEMA_VERSION}: upgrade cc1d, or pass another --db")
 
     def _migrate(self, version: int) -> None:
         """Bring an older DB to this schema, in the caller's transaction (all or nothing)."""

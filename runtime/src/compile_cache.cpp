@@ -22,6 +22,9 @@
 namespace cc1d {
 namespace {
 
+std::atomic<uint64_t> g_compiles{0};  // compiler invocations (dispatch_stats().compiles)
+std::atomic<uint64_t> g_corrupt{0};   // disk files that failed their hash check
+
 constexpr char kMagic[8] = {'C', 'C', '1', 'D', 'B', 'I', 'N', '1'};
 
 // Length-prefixed fields, so ("ab","c") and ("a","bc") hash differently.
@@ -83,6 +86,7 @@ class DiskCache {
       std::string payload = data.substr(head);
       if (data.compare(sizeof kMagic, 64, sha256_hex(payload)) == 0 && deserialize(payload, r)) return true;
     }
+    g_corrupt.fetch_add(1, std::memory_order_relaxed);
     warn_once("corrupt:" + path, "compile cache file " + path + " fails its hash check; rebuilding it");
     return false;
   }
@@ -150,6 +154,9 @@ std::string version_of(Backend& backend) {
 
 }  // namespace
 
+uint64_t compile_count() { return g_compiles.load(std::memory_order_relaxed); }
+uint64_t corrupt_cache_files() { return g_corrupt.load(std::memory_order_relaxed); }
+
 std::string compile_key(const std::string& source, const std::string& target,
                         const std::vector<std::string>& options, const std::string& compiler_version) {
   Sha256 h;
@@ -185,6 +192,7 @@ CompileResult compile_cached(Backend& backend, const std::string& source, const 
     try {
       auto r = std::make_shared<CompileResult>();
       if (!disk().load(target, key, *r)) {
+        g_compiles.fetch_add(1, std::memory_order_relaxed);
         *r = backend.compile(source, target, options);
         disk().store(target, key, *r);
       }

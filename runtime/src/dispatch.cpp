@@ -423,7 +423,8 @@ void check_variant_serves(const KernelVariant& v, const char* family, std::size_
 }
 
 DispatchStats dispatch_stats() {
-  return {g_decisions.load(std::memory_order_relaxed), g_loads.load(std::memory_order_relaxed)};
+  return {g_decisions.load(std::memory_order_relaxed), g_loads.load(std::memory_order_relaxed), compile_count(),
+          corrupt_cache_files()};
 }
 
 void set_tuning_dbs(const std::vector<std::string>& paths) { dispatcher().set_caller_dbs(paths); }

@@ -366,8 +366,11 @@ PYBIND11_MODULE(_cc1d, m) {
     py::dict d;
     d["decisions"] = s.decisions;
     d["loads"] = s.loads;
+    d["compiles"] = s.compiles;
+    d["corrupt_cache_files"] = s.corrupt_cache_files;
     return d;
-  }, "Counters: dispatch decisions computed (memo misses) and kernels loaded into a context, so far.");
+  }, "Counters so far: dispatch decisions computed (memo misses), kernels loaded into a context, compiler "
+     "invocations, and disk-cache files found corrupt (then rebuilt).");
 
   m.def("set_tuning_dbs", &cc1d::set_tuning_dbs, py::arg("paths"), py::call_guard<py::gil_scoped_release>(),
         "DB files searched first by the dispatcher (replaces the previous list).");

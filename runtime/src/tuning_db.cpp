@@ -1,6 +1,7 @@
 #include "tuning_db.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -129,8 +130,14 @@ std::shared_ptr<const TunedSet> load(const std::string& path, const std::string&
     } catch (const Error&) {
       // A WAL-mode DB in a folder we cannot write (no -shm can be made) fails
       // here; with no -wal file beside it, the main file alone is the whole DB.
+      // Only then: a DB that is busy (a writer holds a rollback-journal lock) must
+      // not be read as immutable, which would ignore the lock and could see a
+      // half-written transaction; it waits its busy timeout and is skipped instead.
       struct stat wal {};
       if (::stat((path + "-wal").c_str(), &wal) == 0) throw;
+      const std::size_t slash = path.rfind('/');
+      const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+      if (::access(dir.c_str(), W_OK) == 0) throw;
       dbp = std::make_unique<sqlite::Db>(path, kBusyTimeoutMs, /*immutable=*/true);
       version = read_version(*dbp);
     }

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend.h"
@@ -93,7 +94,7 @@ void test_validation() {
 // A valid channel-first f32 backward call, 2 x 8 x 16, width 4, bias: every
 // tensor in its own 256-byte aligned buffer.
 cc1d::BwdArgs good_bwd_args() {
-  alignas(256) static float x[256], dout[256], dx[256], w[32], bias[8], dw[32], db[8], partials[1 << 14];
+  alignas(256) static float x[512], dout[512], dx[512], w[32], bias[8], dw[32], db[8], partials[1 << 14];
   cc1d::BwdArgs a;
   a.p.x = x; a.p.dout = dout; a.p.dx = dx;
   a.p.weight = w; a.p.bias = bias; a.p.dweight = dw; a.p.dbias = db; a.p.partials = partials;
@@ -107,6 +108,87 @@ cc1d::BwdArgs good_bwd_args() {
   a.width = 4;
   a.workspace_bytes = sizeof partials;
   return a;
+}
+
+// The bad-input matrix (issue 8) as a table: one mutation of a valid call per
+// row, run through every forward entry point (launching, deciding, preparing).
+struct FwdRow {
+  const char* name;
+  std::function<void(cc1d::FwdArgs&)> mutate;
+  bool type_error;      // TypeMismatch, else InvalidArgument
+  const char* needle;   // names the argument
+};
+
+void test_fwd_matrix() {
+  alignas(256) static float x[256], w[32], out[256], bias[8];
+  auto base = [] {
+    cc1d::FwdArgs a = good_args();
+    a.p.x = x; a.p.weight = w; a.p.out = out;
+    return a;
+  };
+  const std::vector<FwdRow> rows = {
+      {"width 0", [](cc1d::FwdArgs& a) { a.width = 0; }, false, "width must be in [2, 8], got 0"},
+      {"width 1", [](cc1d::FwdArgs& a) { a.width = 1; }, false, "width must be in [2, 8], got 1"},
+      {"width 9", [](cc1d::FwdArgs& a) { a.width = 9; }, false, "width must be in [2, 8], got 9"},
+      {"batch 0", [](cc1d::FwdArgs& a) { a.p.batch = 0; }, false, "batch must be >= 1, got 0"},
+      {"dim -1", [](cc1d::FwdArgs& a) { a.p.dim = -1; }, false, "dim must be >= 1, got -1"},
+      {"seqlen 0", [](cc1d::FwdArgs& a) { a.p.seqlen = 0; }, false, "seqlen must be >= 1, got 0"},
+      {"x null", [](cc1d::FwdArgs& a) { a.p.x = nullptr; }, false, "x must not be null"},
+      {"weight null", [](cc1d::FwdArgs& a) { a.p.weight = nullptr; }, false, "weight must not be null"},
+      {"out null", [](cc1d::FwdArgs& a) { a.p.out = nullptr; }, false, "out must not be null"},
+      {"x dtype out of range", [](cc1d::FwdArgs& a) { a.x_dtype = static_cast<cc1d::DType>(7); }, true,
+       "x_dtype must be 0 (f32), 1 (f16) or 2 (bf16), got 7"},
+      {"w dtype out of range", [](cc1d::FwdArgs& a) { a.w_dtype = static_cast<cc1d::DType>(-1); }, true,
+       "w_dtype must be"},
+      {"dtype mismatch", [](cc1d::FwdArgs& a) { a.x_dtype = cc1d::DType::bf16; a.w_dtype = cc1d::DType::f16; },
+       true, "weight dtype must equal x dtype (bf16) or be f32, got f16"},
+      {"silu 2", [](cc1d::FwdArgs& a) { a.p.silu = 2; }, false, "silu must be 0 or 1, got 2"},
+      {"no unit stride", [](cc1d::FwdArgs& a) { a.p.x_l_stride = 2; }, false, "x must have x_l_stride == 1"},
+      {"negative batch stride", [](cc1d::FwdArgs& a) { a.p.x_batch_stride = -128; }, false,
+       "x_batch_stride must be >= 0"},
+      {"negative weight stride", [](cc1d::FwdArgs& a) { a.p.w_width_stride = -1; }, false,
+       "w_width_stride must be >= 0"},
+      {"bias misaligned", [](cc1d::FwdArgs& a) { a.p.bias = reinterpret_cast<char*>(bias) + 2; }, false,
+       "bias must be aligned to its element size (4 bytes)"},
+      {"seq_idx misaligned", [](cc1d::FwdArgs& a) { a.p.seq_idx = reinterpret_cast<const int32_t*>(reinterpret_cast<char*>(bias) + 2);
+                                                   a.p.seq_batch_stride = 16; a.p.seq_l_stride = 1; }, false,
+       "seq_idx must be aligned to its element size (4 bytes)"},
+      {"initial_states negative stride", [](cc1d::FwdArgs& a) { a.p.initial_states = bias; a.p.is_w_stride = -1; },
+       false, "is_w_stride must be >= 0"},
+      {"out extent overflow", [](cc1d::FwdArgs& a) { a.p.out_batch_stride = int64_t(1) << 62; }, false,
+       "out: extent in bytes overflows int64"},
+  };
+  const cc1d::KernelVariant v = cc1d::select_fwd(base(), "sm_999");
+  const std::vector<std::pair<const char*, std::function<void(const cc1d::FwdArgs&)>>> entries = {
+      {"causal_conv1d_fwd", [](const cc1d::FwdArgs& a) { cc1d::causal_conv1d_fwd(a); }},
+      {"select_fwd", [](const cc1d::FwdArgs& a) { cc1d::select_fwd(a, "sm_999"); }},
+      {"explain_fwd", [](const cc1d::FwdArgs& a) { cc1d::explain_fwd(a, "sm_999"); }},
+      {"prepare_fwd", [](const cc1d::FwdArgs& a) { cc1d::prepare_fwd(a); }},
+      {"launch_fwd", [v](const cc1d::FwdArgs& a) { cc1d::launch_fwd(v, a); }},
+  };
+  for (const auto& row : rows)
+    for (const auto& [entry, call] : entries) {
+      cc1d::FwdArgs a = base();
+      row.mutate(a);
+      const std::string what = std::string("matrix: ") + entry + ": " + row.name;
+      if (row.type_error)
+        check_throws<cc1d::TypeMismatch>([&] { call(a); }, row.needle, what);
+      else
+        check_throws<cc1d::InvalidArgument>([&] { call(a); }, row.needle, what);
+    }
+  // The bwd entry points share the checks; their own rows (null outputs, overlap,
+  // workspace) are in test_bwd_validation; widths 0 and 9 and a bad dtype code here.
+  for (int width : {0, 9}) {
+    auto a = good_bwd_args();
+    a.width = width;
+    check_throws<cc1d::InvalidArgument>([&] { cc1d::bwd_workspace_bytes(a, "sm_999"); }, "width must be in [2, 8]",
+                                        "matrix: bwd_workspace_bytes: width " + std::to_string(width));
+    check_throws<cc1d::InvalidArgument>([&] { cc1d::prepare_bwd(a); }, "width must be in [2, 8]",
+                                        "matrix: prepare_bwd: width " + std::to_string(width));
+  }
+  { auto a = good_bwd_args(); a.x_dtype = static_cast<cc1d::DType>(3);
+    check_throws<cc1d::TypeMismatch>([&] { cc1d::select_bwd(a, "sm_999"); }, "x_dtype must be 0 (f32)",
+                                     "matrix: select_bwd: dtype code 3"); }
 }
 
 int64_t ceil_div(int64_t n, int64_t d) { return (n + d - 1) / d; }
@@ -233,6 +315,38 @@ void test_nvrtc() {
   check_throws<cc1d::InvalidArgument>([] { cc1d::compile(kTinyKernel, "sm_9x"); }, "target must look like",
                                       "bad target rejected before any compiler");
 
+}
+
+
+// Many threads deciding and compiling at once: one compilation per source
+// (dispatch_stats().compiles), and every thread gets the same decision.
+void test_threads_compile_once() {
+  try {
+    cc1d::compiler_version("sm_90");
+  } catch (const cc1d::BackendError&) {
+    std::printf("skip thread compile test: no NVRTC\n");
+    return;
+  }
+  const std::string src = std::string("// threads ") + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) +
+                          "\n" + kTinyKernel;
+  const uint64_t before = cc1d::dispatch_stats().compiles;
+  std::vector<std::thread> threads;
+  std::vector<std::string> keys(8), bins(8);
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&, t] {
+      auto a = good_args();
+      a.p.seqlen = 16 + (t % 2);
+      cc1d::clear_dispatch_cache();
+      keys[t] = cc1d::explain_fwd(a, "sm_999").variant.key + "/" + std::to_string(a.p.seqlen);
+      auto r = cc1d::compile(src, "sm_90");
+      bins[t].assign(r.binary.begin(), r.binary.end());
+    });
+  for (auto& th : threads) th.join();
+  check(cc1d::dispatch_stats().compiles - before == 1, "8 threads, one source: compiled once (" +
+                                                          std::to_string(cc1d::dispatch_stats().compiles - before) + ")");
+  bool same = true;
+  for (int t = 2; t < 8; ++t) same = same && keys[t] == keys[t % 2] && bins[t] == bins[0];
+  check(same, "threads agree on decisions and binaries");
 }
 
 void test_no_driver() {
@@ -373,7 +487,9 @@ int main() {
   test_validation();
   test_bwd_validation();
   test_bwd_workspace();
+  test_fwd_matrix();
   test_nvrtc();
+  test_threads_compile_once();
   test_dispatch_without_db();
   if (std::getenv("CC1D_TEST_HAS_GPU") == nullptr) test_no_driver();
   else test_gpu_forward();

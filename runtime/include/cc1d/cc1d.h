@@ -107,6 +107,8 @@ Explanation prepare_fwd(const FwdArgs& args, int device = -1);
 struct DispatchStats {
   uint64_t decisions = 0;  // dispatch decisions computed (memo misses, explain_fwd included)
   uint64_t loads = 0;      // kernels loaded into a context (each after a compile-cache lookup)
+  uint64_t compiles = 0;   // compiler invocations (compile-cache misses in memory and on disk)
+  uint64_t corrupt_cache_files = 0;  // disk-cache files that failed their hash check (then rebuilt)
 };
 DispatchStats dispatch_stats();
 

@@ -1,0 +1,97 @@
+"""benchmarks/sanitize.py without a GPU: the plan (every family's fallback chain plus a
+sample, or everything) and the parsing of compute-sanitizer output (canned logs)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from cc1d.generator import fallback_chain, families, variants
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "sanitize.py"
+spec = importlib.util.spec_from_file_location("cc1d_sanitize", SCRIPT)
+sanitize = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sanitize)
+
+
+def test_default_plan_covers_every_fallback_chain_and_a_sample():
+    rows = sanitize.plan(sample=3)
+    by_family: dict[str, set] = {}
+    for r in rows:
+        by_family.setdefault(r["family"], set()).add(r["variant"])
+    fams = [f for f in families() if f.op in sanitize.SHAPES]
+    assert set(by_family) == {f.key() for f in fams}
+    for f in fams:
+        chain = {v.key() for v in fallback_chain(f)}
+        assert chain <= by_family[f.key()], f.key()
+        space = {v.key() for v in variants(f)}
+        assert by_family[f.key()] <= space
+        assert len(by_family[f.key()]) == min(len(space), len(chain) + 3)
+    assert len(rows) == len({r["variant"] for r in rows})  # no variant twice
+    assert sanitize.plan(sample=3) == rows  # seeded
+
+
+def test_plan_all_is_every_variant_of_the_asked_ops():
+    f = next(f for f in families() if f.op == "bwd")
+    rows = sanitize.plan(("bwd",), everything=True)
+    assert {r["op"] for r in rows} == {"bwd"}
+    assert sum(r["family"] == f.key() for r in rows) == sum(1 for _ in variants(f))
+
+
+CANNED = """\
+========= COMPUTE-SANITIZER
+CC1D-SANITIZE-VARIANT fwd.cf.bf16wf32.w4.a
+CC1D-SANITIZE-VARIANT fwd.cf.bf16wf32.w4.b
+========= Invalid __global__ read of size 16 bytes
+=========     at cc1d_kernel+0x1a0
+=========     by thread (3,0,0) in block (0,0,0)
+=========     Address 0x7f0000000100 is out of bounds
+=========
+========= Invalid __global__ read of size 16 bytes
+=========     at cc1d_kernel+0x1a0
+CC1D-SANITIZE-VARIANT bwd.cl.f16wf32.w3.c
+========= Program hit cudaErrorInvalidValue (error 1) due to "invalid argument" on CUDA API call to cudaFuncGetAttributes.
+=========     Saved host backtrace up to driver entry point at error
+========= Uninitialized __global__ memory read of size 4 bytes
+=========     at cc1d_reduce+0x70
+done; 0 (variant, shape) pairs skipped by requirement
+========= ERROR SUMMARY: 4 errors
+"""
+
+
+def test_parse_attributes_reports_to_the_variant_launched_before_them():
+    res = sanitize.parse(CANNED)
+    assert res["summary_errors"] == 4
+    assert res["launched"] == ["fwd.cf.bf16wf32.w4.a", "fwd.cf.bf16wf32.w4.b", "bwd.cl.f16wf32.w3.c"]
+    assert res["by_variant"]["fwd.cf.bf16wf32.w4.b"] == ["Invalid __global__ read of size 16 bytes"] * 2
+    assert "fwd.cf.bf16wf32.w4.a" not in res["by_variant"]
+    assert len(res["by_variant"]["bwd.cl.f16wf32.w3.c"]) == 2
+    assert res["unattributed"] == []
+
+
+def test_summary_counts_kernel_errors_apart_from_api_reports():
+    rows = [dict(op="fwd", family="fwd.cf.bf16wf32.w4", variant=k) for k in ("fwd.cf.bf16wf32.w4.a",
+                                                                            "fwd.cf.bf16wf32.w4.b")]
+    rows.append(dict(op="bwd", family="bwd.cl.f16wf32.w3", variant="bwd.cl.f16wf32.w3.c"))
+    s = sanitize.summarize(rows, {"memcheck": dict(sanitize.parse(CANNED), exit_code=0)})
+    fwd, bwd = s["fwd"]["tools"]["memcheck"], s["bwd"]["tools"]["memcheck"]
+    assert (s["fwd"]["variants"], fwd["launched"], fwd["errors"]) == (2, 2, 2)
+    assert fwd["failing"] == [dict(variant="fwd.cf.bf16wf32.w4.b", first="Invalid __global__ read of size 16 bytes",
+                                   count=2)]
+    assert (bwd["errors"], bwd["api_reports"]) == (1, 1)
+    md = sanitize.markdown(s, "cmd")
+    assert "| fwd | memcheck | 2 | 2 | 2 | 0 | 4 |" in md
+
+
+def test_clean_run_parses_to_zero():
+    res = sanitize.parse("CC1D-SANITIZE-VARIANT x\n========= ERROR SUMMARY: 0 errors\n")
+    assert res == dict(summary_errors=0, by_variant={}, launched=["x"], unattributed=[])
+
+
+def test_list_mode_needs_no_gpu(capsys):
+    assert sanitize.main(["--list", "--ops", "fwd", "--sample", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip().splitlines()[-1].endswith("families")
+    with pytest.raises(SystemExit):
+        sanitize.main(["--bogus"])

@@ -1,0 +1,129 @@
+"""Tuner faults (issue 8, item 4), CPU only, with the injected fake evaluator:
+measurements in a worker process that is restarted when a candidate hangs or
+kills it (the candidate is recorded as an error, the run goes on); compile
+errors recorded, not fatal; SIGKILL at random points of a run, then --resume:
+the DB stays consistent and no finished measurement is lost or redone.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cc1d.generator import variants
+from cc1d.tuner.db import TuningDB
+from cc1d.tuner.evaluate import CandidateError
+from cc1d.tuner.isolate import IsolatedEvaluator
+from cc1d.tuner.search import SearchConfig, tune_shape
+from cc1d.tuner.testing import FakeEvaluator
+from test_tuner_search import ARCH, CF, RUN, _trial_count, statuses
+
+
+class FaultyEvaluator(FakeEvaluator):
+    """A fake whose chosen candidates hang in time() or kill their process in validate()."""
+
+    def __init__(self, hang=(), die=(), **kw):
+        super().__init__(**kw)
+        self.hang, self.die = set(hang), set(die)
+
+    def validate(self, variant):
+        if variant.key() in self.die:
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().validate(variant)
+
+    def time(self, variant, best_us):
+        if variant.key() in self.hang:
+            time.sleep(3600)
+        return super().time(variant, best_us)
+
+
+def order_of_candidates(tmp_path, trials):
+    """The candidates a run validates, in order (the sampler is seeded)."""
+    ev = FakeEvaluator()
+    with TuningDB(tmp_path / "dry.db") as db:
+        tune_shape(CF, ARCH, ev, db, SearchConfig(trials=trials))
+    return ev.validated
+
+
+@pytest.mark.parametrize("fault", ["hang", "die"])
+def test_a_hanging_or_crashing_candidate_costs_one_trial(tmp_path, fault):
+    order = order_of_candidates(tmp_path, 6)
+    bad = order[1]  # the second candidate: the sampler proposes it before seeing any failure
+    factory = lambda: FaultyEvaluator(**{fault: [bad]})  # noqa: E731 - forked, not pickled
+    with TuningDB(tmp_path / "t.db") as db, \
+            IsolatedEvaluator(factory, timeout_s=2.0, context="fork") as ev:
+        res = tune_shape(CF, ARCH, ev, db, SearchConfig(trials=6))
+        rows = statuses(db, CF)
+        assert ev.restarts == 1
+    assert rows[bad]["status"] == "error"
+    assert ("timed out after 2 s" if fault == "hang" else "worker died during validate") in rows[bad]["error"]
+    others = [r for k, r in rows.items() if k != bad and r["status"] != "invalid"]
+    assert len(others) == 5 and all(r["status"] in ("ok", "slow") for r in others), others
+    assert res.winner is not None and res.winner.key() != bad
+
+
+def test_isolated_results_equal_in_process_results(tmp_path):
+    with TuningDB(tmp_path / "a.db") as a:
+        want = tune_shape(CF, ARCH, FakeEvaluator(), a, SearchConfig(trials=5))
+    with TuningDB(tmp_path / "b.db") as b, IsolatedEvaluator(FakeEvaluator, context="fork") as ev:
+        got = tune_shape(CF, ARCH, ev, b, SearchConfig(trials=5))
+        assert ev.restarts == 0
+    assert (got.winner, got.time_us) == (want.winner, want.time_us)
+
+
+def test_candidate_errors_cross_the_process_boundary():
+    v = next(iter(variants(CF.family())))
+    factory = lambda: FakeEvaluator(wrong=lambda x: x.key() == v.key())  # noqa: E731
+    with IsolatedEvaluator(factory, context="fork") as ev:
+        with pytest.raises(CandidateError) as info:
+            ev.validate(v)
+        assert info.value.status == "wrong_result" and "relative L2" in info.value.reason
+        assert ev.time(v, None).median_us > 0 and ev.restarts == 0
+
+
+def test_compile_errors_are_recorded_not_fatal(tmp_path):
+    order = order_of_candidates(tmp_path, 6)
+    bad = set(order[1:3])
+    with TuningDB(tmp_path / "t.db") as db:
+        res = tune_shape(CF, ARCH, FakeEvaluator(compile_fails=lambda v: v.key() in bad), db,
+                         SearchConfig(trials=6))
+        rows = statuses(db, CF)
+    assert {k for k, r in rows.items() if r["status"] == "compile_error"} == bad
+    assert all("fake compiler rejects" in rows[k]["error"] for k in bad)
+    assert res.winner is not None
+
+
+def test_sigkill_at_random_points_then_resume(tmp_path):
+    """Kill a tuning run at random moments (start-up, mid-trial, mid-commit), six
+    times, then resume to the end: the DB passes its integrity check after every
+    kill, the stored trials only grow, and none is measured twice."""
+    path = tmp_path / "t.db"
+    rng = random.Random(8)
+    seen = 0
+    for _ in range(6):
+        proc = subprocess.Popen([sys.executable, "-P", "-c", RUN, str(path)], stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(0.2, 2.5))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert proc.returncode in (-9, 0), proc.stderr.read().decode()
+        if path.exists():
+            with TuningDB(path) as d:
+                assert d.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        now = _trial_count(path)
+        assert now >= seen
+        seen = now
+    proc = subprocess.run([sys.executable, "-P", "-c", RUN, str(path)], capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()
+    with TuningDB(path) as d:
+        assert len(d.winners()) == 2 and d.validate() == []
+        for s in ("cf", "cl"):
+            rows = [r for r in d.conn.execute("SELECT variant_key, status FROM trials WHERE family_key LIKE ?",
+                                              (f"fwd.{s}.%",))]
+            keys = [r[0] for r in rows]
+            assert len(keys) == len(set(keys)), "a stored trial was measured again"
+            assert sum(r[1] != "invalid" for r in rows) == 12
