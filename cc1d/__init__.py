@@ -17,6 +17,10 @@ _TORCH_API = {
     "causal_conv1d_bwd": "cc1d.backward",
     "CausalConv1dFn": "cc1d.backward",
     "causal_conv1d_ref": "cc1d.reference",
+    "causal_conv1d_varlen_fn": "cc1d.varlen",
+    "causal_conv1d_varlen_states": "cc1d.varlen",
+    "causal_conv1d_varlen_ref": "cc1d.reference",
+    "causal_conv1d_varlen_states_ref": "cc1d.reference",
     "explain": "cc1d.ops",
     "warmup": "cc1d._warmup",
 }
