@@ -248,10 +248,13 @@ def _validate_states(x, cu_seqlens, state_len) -> int:
     return _check_cu_seqlens(_FN_STATES, cu_seqlens, x.device)
 
 
-def _states_impl(x: torch.Tensor, cu_seqlens: torch.Tensor, state_len: int) -> torch.Tensor:
-    batch = cu_seqlens.shape[0] - 1
+def _new_states(batch: int, state_len: int, x: torch.Tensor) -> torch.Tensor:
     # The peer's layout: (batch, state_len, dim) memory viewed as (batch, dim, state_len).
-    states = torch.empty(batch, state_len, x.shape[1], dtype=x.dtype, device=x.device).transpose(1, 2)
+    return torch.empty(batch, state_len, x.shape[1], dtype=x.dtype, device=x.device).transpose(1, 2)
+
+
+def _states_impl(x: torch.Tensor, cu_seqlens: torch.Tensor, state_len: int) -> torch.Tensor:
+    states = _new_states(cu_seqlens.shape[0] - 1, state_len, x)
     if state_len == 0:
         return states
     xt = _usable_layout(x.t())  # (dim, total)
@@ -267,8 +270,7 @@ def _states_op(x: torch.Tensor, cu_seqlens: torch.Tensor, state_len: int) -> tor
 
 @_states_op.register_fake
 def _(x, cu_seqlens, state_len):
-    batch = cu_seqlens.shape[0] - 1
-    return torch.empty(batch, state_len, x.shape[1], dtype=x.dtype, device=x.device).transpose(1, 2)
+    return _new_states(cu_seqlens.shape[0] - 1, state_len, x)
 
 
 def causal_conv1d_varlen_states(x: torch.Tensor, cu_seqlens: torch.Tensor, state_len: int) -> torch.Tensor:
