@@ -101,8 +101,8 @@ def expected(case):
 
 
 def check(name, case, out, pool_after, want_out, want_pool, x_dtype):
-    assert out.shape == case["x"].shape and out.stride() == case["x"].stride() or out.is_contiguous() \
-        or out.t().is_contiguous()
+    assert out.shape == case["x"].shape, (name, out.shape)
+    assert varlen._is_channel_last(out) == varlen._is_channel_last(case["x"]), f"{name}: out's layout is not x's"
     assert_close(f"{name} out", out, want_out, x_dtype)
     # Padded sequences output exact zeros.
     cu = case["cu_seqlens"].tolist()
@@ -221,7 +221,7 @@ def test_every_fallback_variant(rt, layout):
 def test_cuda_graph_replay_with_new_inputs_equals_eager(layout):
     lens_a, lens_b = [300, 0, 5, 1200, 2], [1, 700, 3, 0, 803]
     assert sum(lens_a) == sum(lens_b)
-    static = make_case(11, layout=layout, lens=lens_a)
+    static = make_case(11, layout=layout, lens=lens_a, state_len=5)
     bound = sum(lens_a)
     call = lambda: call_api(static, max_seqlen=bound)  # noqa: E731
     saved = static["conv_states"].clone()
@@ -234,7 +234,7 @@ def test_cuda_graph_replay_with_new_inputs_equals_eager(layout):
         out_static = call()
     assert cc1d.dispatch_stats() == before, "the captured call decided or loaded again"
     for seed, lens in ((21, lens_b), (22, lens_a)):
-        new = make_case(seed, layout=layout, lens=lens)
+        new = make_case(seed, layout=layout, lens=lens, state_len=5)
         for k in ("x", "cu_seqlens", "conv_states", "cache_indices", "has_initial_state"):
             static[k].copy_(new[k])
         want_out, want_pool = expected(new)
