@@ -18,4 +18,5 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   python3 benchmarks/bench_fwd.py --out "$OUT/bench_fwd.json" 2>&1 | tee "$OUT/bench_fwd.log"
   python3 benchmarks/bench_bwd.py --out "$OUT/bench_bwd.json" 2>&1 | tee "$OUT/bench_bwd.log"
   python3 benchmarks/bench_overhead.py --out "$OUT/bench_overhead.json" 2>&1 | tee "$OUT/bench_overhead.log"
+  python3 benchmarks/bench_varlen.py --out "$OUT/bench_varlen.json" 2>&1 | tee "$OUT/bench_varlen.log"
 fi

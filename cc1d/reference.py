@@ -61,3 +61,53 @@ def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
         final_states_out.copy_(final)
         final = final_states_out
     return out, final
+
+
+def causal_conv1d_varlen_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                             cu_seqlens: torch.Tensor, conv_states: Optional[torch.Tensor] = None,
+                             cache_indices: Optional[torch.Tensor] = None,
+                             has_initial_state: Optional[torch.Tensor] = None,
+                             activation: Optional[str] = None, pad_slot_id: int = -1):
+    """The varlen prefill, one sequence at a time through ``causal_conv1d_ref``.
+
+    x (dim, total_tokens). Returns (out, new_conv_states): new_conv_states is a
+    copy of conv_states (None if None) with every non-padded sequence's row set to
+    the last state_len inputs of (the row's old columns if has_initial_state, else
+    zeros, then its tokens); padded sequences (row == pad_slot_id, negative or >=
+    pool) output zeros. conv_states itself is not modified.
+    """
+    dim, total = x.shape
+    width = weight.shape[1]
+    cu = [int(v) for v in cu_seqlens.tolist()]
+    out = torch.zeros_like(x)
+    new_states = None if conv_states is None else conv_states.clone()
+    for i in range(len(cu) - 1):
+        a, b = cu[i], cu[i + 1]
+        row = i if cache_indices is None else int(cache_indices[i])
+        has_init = has_initial_state is not None and bool(has_initial_state[i])
+        if conv_states is not None and (row == pad_slot_id or row < 0 or row >= conv_states.shape[0]):
+            continue  # padded: zero output, no state
+        old = None
+        if conv_states is not None:
+            old = conv_states[row] if has_init else torch.zeros_like(conv_states[row])
+        if b > a:
+            init = None if old is None else old[None, :, old.shape[1] - (width - 1):]
+            out[:, a:b] = causal_conv1d_ref(x[None, :, a:b], weight, bias, initial_states=init,
+                                            activation=activation)[0]
+        if new_states is not None:
+            ext = torch.cat([old, x[:, a:b].to(old.dtype)], dim=1)
+            new_states[row] = ext[:, ext.shape[1] - old.shape[1]:]
+    return out, new_states
+
+
+def causal_conv1d_varlen_states_ref(x: torch.Tensor, cu_seqlens: torch.Tensor, state_len: int) -> torch.Tensor:
+    """x (total_tokens, dim) -> (batch, dim, state_len): each sequence's last state_len
+    tokens, zero-padded in front."""
+    cu = [int(v) for v in cu_seqlens.tolist()]
+    states = torch.zeros(len(cu) - 1, x.shape[1], state_len, dtype=x.dtype, device=x.device)
+    for i in range(len(cu) - 1):
+        a, b = cu[i], cu[i + 1]
+        n = min(state_len, b - a)
+        if n > 0:
+            states[i, :, state_len - n:] = x[b - n:b].t()
+    return states

@@ -15,7 +15,7 @@ from typing import Callable, Mapping
 # entries from another epoch are ignored by the runtime.
 EPOCH = 2
 
-OPS = ("fwd", "bwd")
+OPS = ("fwd", "bwd", "vfwd")  # vfwd: varlen prefill with a state pool (and varlen states)
 LAYOUTS = ("cf", "cl")  # channel-first: seqlen contiguous; channel-last: dim contiguous
 WIDTHS = tuple(range(2, 9))
 # dtype name -> (kernel storage type, bytes)
@@ -329,8 +329,25 @@ BWD_CL = Space(
     geometry=_cl_geometry,
 )
 
+# ---- varlen prefill ------------------------------------------------------------
+# The forward's tilings over packed sequences (one sequence per grid.z): the same
+# tunables, constraints and geometry. Its defaults are the forward's measured ones
+# until cc1d-tune finds better for vfwd shapes.
+
+VFWD_CF = Space(op="vfwd", layout="cf", template="varlen_channel_first.cu.j2", params=FWD_CF.params,
+                constraints=FWD_CF.constraints, preferred=FWD_CF.preferred, geometry=_cf_geometry)
+# Channel-last: the boundary rows (from the state pool) cost registers the forward
+# does not spend, so widths past 4 keep two rows per thread (four spill at width 7-8).
+VFWD_CL = Space(op="vfwd", layout="cl", template="varlen_channel_last.cu.j2", params=FWD_CL.params,
+                constraints=FWD_CL.constraints,
+                preferred=(dict(threads=64, vec_bytes=8, tile_d=128, rows_per_thread=4, max_regs=128, widths=(2, 3, 4)),
+                           dict(threads=64, vec_bytes=8, tile_d=128, rows_per_thread=2, max_regs=128),
+                           dict(threads=128, vec_bytes=8, tile_d=64, rows_per_thread=1, max_regs=255)),
+                geometry=_cl_geometry)
+
 SPACES: Mapping[tuple[str, str], Space] = {("fwd", "cf"): FWD_CF, ("fwd", "cl"): FWD_CL,
-                                           ("bwd", "cf"): BWD_CF, ("bwd", "cl"): BWD_CL}
+                                           ("bwd", "cf"): BWD_CF, ("bwd", "cl"): BWD_CL,
+                                           ("vfwd", "cf"): VFWD_CF, ("vfwd", "cl"): VFWD_CL}
 
 
 def space_for(family: Family) -> Space:

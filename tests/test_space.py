@@ -12,7 +12,7 @@ FAMILIES = families()
 
 
 def test_family_count_and_keys_unique():
-    assert len(FAMILIES) == 2 * 2 * 5 * 7  # ops x layouts x dtype pairs x widths
+    assert len(FAMILIES) == 3 * 2 * 5 * 7  # ops (fwd, bwd, vfwd) x layouts x dtype pairs x widths
     assert len({f.key() for f in FAMILIES}) == len(FAMILIES)
 
 

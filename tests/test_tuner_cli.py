@@ -185,3 +185,28 @@ def test_compile_only_backward_shapes(nvrtc_rt, tmp_path, capsys):
     code, out, err = run(["--arch", "sm_90", "--compile-only", "--trials", "2", "--shapes", shapes], capsys)
     assert code == 0, out + err
     assert "compiled 2 variants of 1 families for sm_90: 2 ok, 0 failed" in out
+
+
+def test_compile_only_varlen_shapes(nvrtc_rt, tmp_path, capsys):
+    shapes = tmp_path / "vfwd.yaml"
+    shapes.write_text("shapes:\n  - {op: vfwd, layout: [cf, cl], dtypes: bf16, width: 4, batch: 8, dim: 256, "
+                      "seqlen: 3000, initial_states: true, final_states: true}\n")
+    code, out, err = run(["--arch", "sm_90", "--compile-only", "--trials", "2", "--shapes", shapes], capsys)
+    assert code == 0, out + err
+    assert "compiled 4 variants of 2 families for sm_90: 4 ok, 0 failed" in out
+
+
+def test_varlen_shapes_are_checked(tmp_path):
+    from cc1d.tuner.shapes import ShapesError, parse_shapes
+    with pytest.raises(ShapesError, match="op vfwd: seq_idx is not a feature of the varlen prefill"):
+        parse_shapes([{"op": "vfwd", "batch": 2, "dim": 8, "seqlen": 9, "seq_idx": True}])
+    with pytest.raises(ShapesError, match="op vfwd: initial_states needs final_states"):
+        parse_shapes([{"op": "vfwd", "batch": 2, "dim": 8, "seqlen": 9, "initial_states": True}])
+
+
+def test_varlen_lengths_pack_the_tokens():
+    from cc1d.tuner.problems import varlen_lengths
+    for n, total in ((1, 5), (8, 16384), (64, 65536), (9, 9)):
+        lens = varlen_lengths(n, total)
+        assert len(lens) == n and sum(lens) == total and min(lens) >= 0
+        assert lens == varlen_lengths(n, total)  # a function of the shape

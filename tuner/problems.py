@@ -194,7 +194,90 @@ class BwdProblem:
         rt.launch_bwd(kernel, *args, nbytes, stream)
 
 
-PROBLEMS: dict[str, Problem] = {"fwd": FwdProblem(), "bwd": BwdProblem()}
+def varlen_lengths(num_seqs: int, total: int) -> list[int]:
+    """Mixed sequence lengths of a vfwd shape (batch = sequences, seqlen = total tokens):
+    a fixed function of the shape, so every trial times the same packing. Lengths
+    vary about 8x (one in eight sequences is empty when there are more than eight)."""
+    import random
+    rng = random.Random(num_seqs * 1_000_003 + total)
+    weights = [0.0 if num_seqs > 8 and i % 8 == 5 else rng.uniform(0.25, 2.0) for i in range(num_seqs)]
+    scale = total / sum(weights)
+    lens = [int(w * scale) for w in weights]
+    lens[0] += total - sum(lens)
+    return lens
+
+
+class VarlenProblem:
+    """The varlen prefill (op vfwd): shape.batch sequences of mixed lengths packed into
+    shape.seqlen tokens; a state pool (rows in shuffled order) when the shape has
+    final_states, read for sequences flagged in has_initial_state when it has
+    initial_states. The pool is an output: make_outputs gives a copy to update."""
+    op = "vfwd"
+    STATE_EXTRA = 1  # state_len = width - 1 + this (speculative decoding keeps a longer window)
+
+    def _state_len(self, shape: Shape) -> int:
+        return shape.width - 1 + self.STATE_EXTRA
+
+    def bytes_moved(self, shape: Shape) -> int:
+        xb, wb = DTYPES[shape.x_dtype][1], DTYPES[shape.w_dtype][1]
+        states = shape.batch * shape.dim * self._state_len(shape) * xb
+        return 2 * shape.dim * shape.seqlen * xb + shape.dim * (shape.width + shape.bias) * wb \
+            + states * (shape.initial_states + shape.final_states) + 4 * (shape.batch + 1)
+
+    def make_inputs(self, shape: Shape, seed: int, device: str = "cuda") -> dict[str, Any]:
+        import torch
+        gen = torch.Generator().manual_seed(seed)
+        xd, wd = _torch_dtype(shape.x_dtype), _torch_dtype(shape.w_dtype)
+        d, total, w, n = shape.dim, shape.seqlen, shape.width, shape.batch
+        lens = varlen_lengths(n, total)
+        cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(n)], dtype=torch.int32)
+        if shape.layout == "cf":
+            x = torch.randn(d, total, generator=gen).to(xd).to(device)
+        else:  # (total_tokens, dim) memory viewed as (dim, total_tokens)
+            x = torch.randn(total, d, generator=gen).to(xd).to(device).t()
+        inputs = dict(x=x, weight=(torch.randn(d, w, generator=gen) / w ** 0.5).to(wd).to(device),
+                      bias=torch.randn(d, generator=gen).to(wd).to(device) if shape.bias else None,
+                      cu_seqlens=cu.to(device), pool=None, cache_indices=None, has_initial_state=None)
+        if shape.final_states or shape.initial_states:
+            pool = n + 4
+            inputs["pool"] = torch.randn(pool, self._state_len(shape), d, generator=gen).to(xd).to(device) \
+                .transpose(1, 2)  # vLLM's allocation: dim contiguous
+            inputs["cache_indices"] = torch.randperm(pool, generator=gen)[:n].to(torch.int32).to(device)
+        if shape.initial_states:
+            inputs["has_initial_state"] = (torch.rand(n, generator=gen) < 0.7).to(device)
+        return inputs
+
+    def make_outputs(self, shape: Shape, inputs: dict[str, Any]) -> dict[str, Any]:
+        import torch
+        x = inputs["x"]
+        nan = float("nan")
+        out = torch.full_like(x, nan) if shape.layout == "cf" else \
+            torch.full((x.shape[1], x.shape[0]), nan, dtype=x.dtype, device=x.device).t()
+        outputs = dict(out=out)
+        if inputs["pool"] is not None:
+            outputs["conv_states"] = inputs["pool"].clone()
+        return outputs
+
+    def reference(self, shape: Shape, inputs: dict[str, Any]) -> dict[str, Any]:
+        from ..reference import causal_conv1d_varlen_ref
+        d = lambda t: None if t is None else t.double()  # noqa: E731
+        out, states = causal_conv1d_varlen_ref(
+            d(inputs["x"]), d(inputs["weight"]), d(inputs["bias"]), inputs["cu_seqlens"], d(inputs["pool"]),
+            inputs["cache_indices"], inputs["has_initial_state"],
+            activation="silu" if shape.activation == "silu" else None)
+        return dict(out=out) if states is None else dict(out=out, conv_states=states)
+
+    def launch(self, rt: Any, kernel: dict, shape: Shape, inputs: dict[str, Any],
+               outputs: dict[str, Any], stream: int) -> None:
+        from ..varlen import _call_args
+        args = _call_args(inputs["x"], inputs["weight"], inputs["bias"], inputs["cu_seqlens"],
+                          outputs.get("conv_states"), inputs["cache_indices"], inputs["has_initial_state"],
+                          outputs["out"], shape.activation == "silu", -1, max(varlen_lengths(shape.batch, shape.seqlen)),
+                          shape.width, stream)
+        rt.launch_varlen(kernel, *args)
+
+
+PROBLEMS: dict[str, Problem] = {"fwd": FwdProblem(), "bwd": BwdProblem(), "vfwd": VarlenProblem()}
 
 
 def problem_for(op: str) -> Problem:

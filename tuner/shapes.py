@@ -177,6 +177,12 @@ def parse_shapes(data: Any, source: str = "<shapes>") -> list[Shape]:
             v = dict(zip(grid, combo))
             x, w = v.pop("dtypes")
             shape = Shape(x_dtype=x, w_dtype=w, **v)
+            if shape.op == "vfwd" and shape.seq_idx:
+                raise ShapesError(f"{where}: op vfwd: seq_idx is not a feature of the varlen prefill "
+                                  "(cu_seqlens delimits its sequences)")
+            if shape.op == "vfwd" and shape.initial_states and not shape.final_states:
+                raise ShapesError(f"{where}: op vfwd: initial_states needs final_states (the state pool is "
+                                  "read and written back)")
             shapes.setdefault((shape.family().key(), shape.key()), shape)
     return list(shapes.values())
 

@@ -26,6 +26,18 @@
 namespace cc1d {
 namespace {
 
+// ---- ops: family prefix (generator/space.py OPS) and the tensors alignment is about ----
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::bwd: return "bwd";
+    case Op::vfwd: return "vfwd";
+    default: return "fwd";
+  }
+}
+
+const char* op_tensors(Op op) { return op == Op::bwd ? "x/dout/dx" : "x/out"; }
+
 // ---- the default catalog --------------------------------------------------
 
 const std::vector<KernelVariant>& catalog_variants() {
@@ -224,7 +236,7 @@ std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, 
     d->detail += skipped;
     return d;
   }
-  d->variant = std::shared_ptr<const KernelVariant>(std::shared_ptr<void>(), &catalog_choice(family, align, p.op == Op::bwd ? "x/dout/dx" : "x/out"));
+  d->variant = std::shared_ptr<const KernelVariant>(std::shared_ptr<void>(), &catalog_choice(family, align, op_tensors(p.op)));
   d->reason = "default";
   d->source = "catalog";
   if (arch.empty())
@@ -327,7 +339,7 @@ Dispatcher& dispatcher() {
 }  // namespace
 
 std::size_t family_of(const Call& c, char (&buf)[kFamilyBufSize]) {
-  return family_key(c.op == Op::bwd ? "bwd" : "fwd", c.layout, c.x_dtype, c.w_dtype, c.width, buf);
+  return family_key(op_name(c.op), c.layout, c.x_dtype, c.w_dtype, c.width, buf);
 }
 
 std::shared_ptr<const Decision> decide(const Call& c, int arch_id) { return dispatcher().decide(c, arch_id); }

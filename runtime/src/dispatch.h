@@ -14,7 +14,7 @@
 
 namespace cc1d {
 
-enum class Op : uint8_t { fwd = 0, bwd = 1 };
+enum class Op : uint8_t { fwd = 0, bwd = 1, vfwd = 2 };
 
 // Everything a decision depends on, whatever the op.
 struct Call {
@@ -27,7 +27,7 @@ struct Call {
   int align = 0;          // the call's alignment class in bytes (a power of two <= 256)
 };
 
-// "fwd.cl.bf16wf32.w4" / "bwd.cf.f16wf16.w3" for the call; returns its length.
+// "fwd.cl.bf16wf32.w4" / "bwd.cf.f16wf16.w3" / "vfwd.cf.bf16wbf16.w4" for the call; returns its length.
 std::size_t family_of(const Call& c, char (&buf)[kFamilyBufSize]);
 
 struct Decision {

@@ -26,6 +26,14 @@ using Strides = std::array<int64_t, 17>;  // FwdParams stride fields, declared o
 using BwdPtrs = std::array<int64_t, 12>;
 using BwdStrides = std::array<int64_t, 26>;
 
+// Varlen prefill: the 8 VarlenParams pointers in declared order (x, weight, bias,
+// cu_seqlens, cache_indices, has_initial_state, conv_states, out), its 8 sizes
+// (num_seqs, dim, total_tokens, max_seqlen, state_len, pool, pad_slot_id,
+// his_bytes) then width, and its 13 strides in declared order.
+using VarlenPtrs = std::array<int64_t, 8>;
+using VarlenSizes = std::array<int64_t, 9>;
+using VarlenStrides = std::array<int64_t, 13>;
+
 template <class T> T* as_ptr(int64_t v) { return reinterpret_cast<T*>(static_cast<uintptr_t>(v)); }
 
 FwdArgs make_args(const Ptrs& ptrs, const Sizes& sizes, const Strides& s, int x_dtype, int w_dtype,
@@ -82,6 +90,32 @@ BwdArgs make_bwd_args(const BwdPtrs& ptrs, const Sizes& sizes, const BwdStrides&
   a.w_dtype = static_cast<DType>(w_dtype);
   a.width = int(sizes[3]);
   a.workspace_bytes = workspace_bytes;
+  a.stream = as_ptr<void>(stream);
+  return a;
+}
+
+VarlenArgs make_varlen_args(const VarlenPtrs& ptrs, const VarlenSizes& sizes, const VarlenStrides& s, int x_dtype,
+                            int w_dtype, bool silu, int64_t stream) {
+  VarlenArgs a;
+  VarlenParams& p = a.p;
+  p.x = as_ptr<const void>(ptrs[0]);
+  p.weight = as_ptr<const void>(ptrs[1]);
+  p.bias = as_ptr<const void>(ptrs[2]);
+  p.cu_seqlens = as_ptr<const int32_t>(ptrs[3]);
+  p.cache_indices = as_ptr<const int32_t>(ptrs[4]);
+  p.has_initial_state = as_ptr<const void>(ptrs[5]);
+  p.conv_states = as_ptr<void>(ptrs[6]);
+  p.out = as_ptr<void>(ptrs[7]);
+  static_assert(offsetof(VarlenParams, his_bytes) - offsetof(VarlenParams, num_seqs) == 7 * 8,
+                "VarlenParams sizes must stay contiguous");
+  std::memcpy(&p.num_seqs, sizes.data(), sizeof(int64_t) * 8);
+  static_assert(offsetof(VarlenParams, his_stride) - offsetof(VarlenParams, x_dim_stride) == 12 * 8,
+                "VarlenParams strides must stay contiguous");
+  std::memcpy(&p.x_dim_stride, s.data(), sizeof(int64_t) * s.size());
+  p.silu = silu ? 1 : 0;
+  a.x_dtype = static_cast<DType>(x_dtype);
+  a.w_dtype = static_cast<DType>(w_dtype);
+  a.width = int(sizes[8]);
   a.stream = as_ptr<void>(stream);
   return a;
 }
@@ -360,6 +394,83 @@ PYBIND11_MODULE(_cc1d, m) {
       py::arg("silu"), py::arg("device") = -1,
       "prepare_bwd(<bwd's arguments but workspace_bytes and stream>, device=-1) -> dict like explain_bwd's: "
       "decide, compile and load both backward kernels, launching nothing and touching no memory.");
+
+  // ---- varlen prefill ----
+  // ptrs (8): x, weight, bias, cu_seqlens, cache_indices, has_initial_state, conv_states, out (0 = none;
+  // out 0: states only). sizes (9): num_seqs, dim, total_tokens, max_seqlen (0: unknown), state_len, pool,
+  // pad_slot_id, his_bytes, width. strides (13, elements): x (dim, l), weight (dim, width), bias, out (dim, l),
+  // conv_states (pool, dim, state), cu_seqlens, cache_indices, has_initial_state.
+  m.def(
+      "varlen",
+      [](const VarlenPtrs& ptrs, const VarlenSizes& sizes, const VarlenStrides& strides, int x_dtype, int w_dtype,
+         bool silu, int64_t stream) {
+        const VarlenArgs a = make_varlen_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, stream);
+        py::gil_scoped_release nogil;
+        causal_conv1d_varlen(a);
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
+      py::arg("silu"), py::arg("stream"),
+      "varlen(ptrs, sizes, strides, x_dtype, w_dtype, silu, stream): the varlen prefill on stream (see the "
+      "comment above this binding for the argument order).");
+
+  m.def(
+      "launch_varlen",
+      [](const py::dict& variant, const VarlenPtrs& ptrs, const VarlenSizes& sizes, const VarlenStrides& strides,
+         int x_dtype, int w_dtype, bool silu, int64_t stream) {
+        const KernelVariant v = variant_from(variant);
+        const VarlenArgs a = make_varlen_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, stream);
+        py::gil_scoped_release nogil;
+        cc1d::launch_varlen(v, a);
+      },
+      py::arg("variant"), py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"),
+      py::arg("w_dtype"), py::arg("silu"), py::arg("stream"), "launch_varlen(variant, <varlen's arguments>)");
+
+  m.def(
+      "select_varlen",
+      [](const VarlenPtrs& ptrs, const VarlenSizes& sizes, const VarlenStrides& strides, int x_dtype, int w_dtype,
+         bool silu, int64_t stream, const std::string& arch) {
+        const VarlenArgs a = make_varlen_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, stream);
+        KernelVariant v;
+        {
+          py::gil_scoped_release nogil;
+          v = cc1d::select_varlen(a, arch);
+        }
+        return variant_dict(v);
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
+      py::arg("silu"), py::arg("stream") = 0, py::arg("arch") = "");
+
+  m.def(
+      "explain_varlen",
+      [](const VarlenPtrs& ptrs, const VarlenSizes& sizes, const VarlenStrides& strides, int x_dtype, int w_dtype,
+         bool silu, int64_t stream, const std::string& arch) {
+        const VarlenArgs a = make_varlen_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, stream);
+        Explanation e;
+        {
+          py::gil_scoped_release nogil;
+          e = cc1d::explain_varlen(a, arch);
+        }
+        return explanation_dict(e);
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
+      py::arg("silu"), py::arg("stream") = 0, py::arg("arch") = "",
+      "explain_varlen(<varlen's arguments>, arch='') -> dict as explain_fwd's, for the varlen prefill.");
+
+  m.def(
+      "prepare_varlen",
+      [](const VarlenPtrs& ptrs, const VarlenSizes& sizes, const VarlenStrides& strides, int x_dtype, int w_dtype,
+         bool silu, int device) {
+        const VarlenArgs a = make_varlen_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, 0);
+        Explanation e;
+        {
+          py::gil_scoped_release nogil;  // may compile
+          e = cc1d::prepare_varlen(a, device);
+        }
+        return explanation_dict(e);
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
+      py::arg("silu"), py::arg("device") = -1,
+      "prepare_varlen(<varlen's arguments but stream>, device=-1): decide, compile and load, launching nothing.");
 
   m.def("dispatch_stats", [] {
     const DispatchStats s = cc1d::dispatch_stats();

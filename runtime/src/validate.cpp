@@ -303,4 +303,117 @@ int bwd_alignment(const BwdArgs& a, Layout layout) {
   return low_bit_cap(bits, 256);
 }
 
+// ---- varlen prefill ---------------------------------------------------------
+
+Layout validate_varlen(const VarlenArgs& a) {
+  const VarlenParams& p = a.p;
+  const int xd = int(a.x_dtype), wd = int(a.w_dtype);
+  if (xd < 0 || xd > 2) throw TypeMismatch("x_dtype must be 0 (f32), 1 (f16) or 2 (bf16), got " + str(xd));
+  if (wd < 0 || wd > 2) throw TypeMismatch("w_dtype must be 0 (f32), 1 (f16) or 2 (bf16), got " + str(wd));
+  if (a.w_dtype != a.x_dtype && a.w_dtype != DType::f32)
+    throw TypeMismatch(std::string("weight dtype must equal x dtype (") + dtype_name(a.x_dtype) +
+                       ") or be f32, got " + dtype_name(a.w_dtype));
+  if (a.width < 2 || a.width > 8) throw InvalidArgument("width must be in [2, 8], got " + str(a.width));
+  require_positive("num_seqs", p.num_seqs);
+  require_positive("dim", p.dim);
+  require_positive("total_tokens", p.total_tokens);
+  if (p.max_seqlen < 0 || p.max_seqlen > p.total_tokens)
+    throw InvalidArgument("max_seqlen must be in [0, total_tokens=" + str(p.total_tokens) +
+                          "] (0: bounded by total_tokens), got " + str(p.max_seqlen));
+  if (!p.x) throw InvalidArgument("x must not be null");
+  if (!p.cu_seqlens) throw InvalidArgument("cu_seqlens must not be null");
+  const bool states_only = p.out == nullptr;
+  if (!states_only && !p.weight) throw InvalidArgument("weight must not be null");
+  if (p.silu != 0 && p.silu != 1) throw InvalidArgument("silu must be 0 or 1, got " + str(p.silu));
+  if (states_only) {
+    if (!p.conv_states)
+      throw InvalidArgument("out is null (states only) but conv_states is null too: nothing to write");
+    if (p.cache_indices || p.has_initial_state)
+      throw InvalidArgument("out is null (states only): cache_indices and has_initial_state must be null");
+  }
+  if (!p.conv_states && (p.cache_indices || p.has_initial_state))
+    throw InvalidArgument(std::string(p.cache_indices ? "cache_indices" : "has_initial_state") +
+                          " is given but conv_states is null: it selects or reads rows of the state pool");
+
+  const int xs = dtype_size(a.x_dtype), ws = dtype_size(a.w_dtype);
+  Layout layout;
+  if (p.x_l_stride == 1) {
+    layout = Layout::channel_first;
+    if (!states_only && p.out_l_stride != 1)
+      throw InvalidArgument("out_l_stride must be 1 like x_l_stride (channel-first layout), got " + str(p.out_l_stride));
+  } else if (p.x_dim_stride == 1) {
+    layout = Layout::channel_last;
+    if (!states_only && p.out_dim_stride != 1)
+      throw InvalidArgument("out_dim_stride must be 1 like x_dim_stride (channel-last layout), got " +
+                            str(p.out_dim_stride));
+  } else {
+    throw InvalidArgument("x must have x_l_stride == 1 (channel-first) or x_dim_stride == 1 (channel-last), got "
+                          "x_dim_stride=" + str(p.x_dim_stride) + ", x_l_stride=" + str(p.x_l_stride));
+  }
+  require_non_negative("x_dim_stride", p.x_dim_stride);
+  require_non_negative("x_l_stride", p.x_l_stride);
+  check_aligned("x", p.x, xs);
+  check_extent("x", {{p.dim, p.x_dim_stride}, {p.total_tokens, p.x_l_stride}}, xs);
+  require_non_negative("cu_stride", p.cu_stride);
+  check_aligned("cu_seqlens", p.cu_seqlens, 4);
+  check_extent("cu_seqlens", {{p.num_seqs + 1, p.cu_stride}}, 4);
+  if (!states_only) {
+    require_non_negative("out_dim_stride", p.out_dim_stride);
+    require_non_negative("out_l_stride", p.out_l_stride);
+    require_non_negative("w_dim_stride", p.w_dim_stride);
+    require_non_negative("w_width_stride", p.w_width_stride);
+    check_aligned("out", p.out, xs);
+    check_aligned("weight", p.weight, ws);
+    check_extent("out", {{p.dim, p.out_dim_stride}, {p.total_tokens, p.out_l_stride}}, xs);
+    check_extent("weight", {{p.dim, p.w_dim_stride}, {a.width, p.w_width_stride}}, ws);
+    if (p.bias) {
+      require_non_negative("bias_stride", p.bias_stride);
+      check_aligned("bias", p.bias, ws);
+      check_extent("bias", {{p.dim, p.bias_stride}}, ws);
+    }
+  }
+  if (p.conv_states) {
+    require_positive("pool", p.pool);
+    if (p.state_len < a.width - 1)
+      throw InvalidArgument("state_len must be >= width - 1 = " + str(a.width - 1) + ", got " + str(p.state_len));
+    if (!p.cache_indices && p.pool < p.num_seqs)
+      throw InvalidArgument("conv_states has " + str(p.pool) + " rows (pool) but num_seqs is " + str(p.num_seqs) +
+                            ": without cache_indices sequence i uses row i");
+    require_non_negative("cs_pool_stride", p.cs_pool_stride);
+    require_non_negative("cs_dim_stride", p.cs_dim_stride);
+    require_non_negative("cs_l_stride", p.cs_l_stride);
+    check_aligned("conv_states", p.conv_states, xs);
+    check_extent("conv_states", {{p.pool, p.cs_pool_stride}, {p.dim, p.cs_dim_stride}, {p.state_len, p.cs_l_stride}},
+                 xs);
+  }
+  if (p.cache_indices) {
+    require_non_negative("ci_stride", p.ci_stride);
+    check_aligned("cache_indices", p.cache_indices, 4);
+    check_extent("cache_indices", {{p.num_seqs, p.ci_stride}}, 4);
+  }
+  if (p.has_initial_state) {
+    if (p.his_bytes != 1 && p.his_bytes != 4)
+      throw InvalidArgument("his_bytes (has_initial_state's element size) must be 1 (bool/uint8) or 4 (int32), got " +
+                            str(p.his_bytes));
+    require_non_negative("his_stride", p.his_stride);
+    check_aligned("has_initial_state", p.has_initial_state, int(p.his_bytes));
+    check_extent("has_initial_state", {{p.num_seqs, p.his_stride}}, int(p.his_bytes));
+  }
+  return layout;
+}
+
+std::size_t varlen_family(const VarlenArgs& a, Layout layout, char (&buf)[kFamilyBufSize]) {
+  return family_key("vfwd", layout, a.x_dtype, a.w_dtype, a.width, buf);
+}
+
+int varlen_alignment(const VarlenArgs& a, Layout layout) {
+  const VarlenParams& p = a.p;
+  const uint64_t es = uint64_t(dtype_size(a.x_dtype));
+  const bool cf = layout == Layout::channel_first;
+  uint64_t bits = reinterpret_cast<uintptr_t>(p.x) | uint64_t(cf ? p.x_dim_stride : p.x_l_stride) * es;
+  if (p.out)
+    bits |= reinterpret_cast<uintptr_t>(p.out) | uint64_t(cf ? p.out_dim_stride : p.out_l_stride) * es;
+  return low_bit_cap(bits, 256);
+}
+
 }  // namespace cc1d

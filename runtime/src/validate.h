@@ -32,4 +32,10 @@ std::size_t bwd_family(const BwdArgs& a, Layout layout, char (&buf)[kFamilyBufSi
 // As fwd_alignment, over x, dout and dx.
 int bwd_alignment(const BwdArgs& a, Layout layout);
 
+// The varlen prefill's checks (cc1d.h, causal_conv1d_varlen). Returns x's layout.
+Layout validate_varlen(const VarlenArgs& a);
+std::size_t varlen_family(const VarlenArgs& a, Layout layout, char (&buf)[kFamilyBufSize]);
+// As fwd_alignment, over x and out (out may be null).
+int varlen_alignment(const VarlenArgs& a, Layout layout);
+
 }  // namespace cc1d

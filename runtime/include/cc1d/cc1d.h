@@ -178,6 +178,48 @@ Explanation prepare_bwd(const BwdArgs& args, int device = -1);
 // need is splits * dim * (width + 1) * 4 bytes with this variant's tiles.
 void launch_bwd(const KernelVariant& v, const BwdArgs& args);
 
+// ---- varlen prefill (serving engines: packed sequences and a state pool) ----
+// x (dim, total_tokens) packs num_seqs sequences, sequence i at tokens
+// [cu_seqlens[i], cu_seqlens[i+1]) (cu_seqlens[0] = 0, non-decreasing, last =
+// total_tokens). Each is convolved alone: its inputs before its first token are
+// the last width-1 columns of conv_states[row] when has_initial_state[i] (zeros
+// otherwise), row = cache_indices[i] (or i without cache_indices); afterwards
+// conv_states[row] holds the last state_len inputs of (the old state_len columns,
+// or zeros without an initial state, then the sequence's tokens): a sequence
+// shorter than state_len keeps the newest old columns in front. A row equal to
+// pad_slot_id, negative or >= pool marks a padded sequence: its output is zero
+// and no state is read or written. Variants are of family vfwd.<cf|cl>.<x>w<w>.w<width>.
+//
+// Device values (cu_seqlens, cache_indices, has_initial_state) are never read
+// on the host: the grid is (chunks, min(ceil(dim/tile_d), 65535),
+// min(num_seqs, 65535)) with chunks from the host bound p.max_seqlen (> 0: the
+// caller's bound on the longest sequence; 0: total_tokens), so calls allocate and
+// synchronise nothing and can be captured in a CUDA graph. cu_seqlens values
+// are clamped into [0, total_tokens]; a sequence longer than max_seqlen has its
+// tail left unwritten; two sequences sharing a pool row race (as in every engine).
+// p.out == nullptr: states only (causal_conv1d_varlen_states): conv_states is the
+// (num_seqs, dim, state_len) result, cache_indices and has_initial_state must be
+// null and weight is not read (width only names the family).
+struct VarlenArgs {
+  VarlenParams p{};            // pointers, sizes, strides (elements), silu
+  DType x_dtype = DType::f32;  // x, out, conv_states
+  DType w_dtype = DType::f32;  // weight and bias
+  int width = 0;               // 2..8
+  void* stream = nullptr;      // CUstream / hipStream_t; nullptr = default stream
+};
+
+// Checks (InvalidArgument / TypeMismatch naming the field), decides as
+// causal_conv1d_fwd does (memoised; shape: batch = num_seqs, seqlen =
+// total_tokens; features bias, silu, init = has_initial_state given, final =
+// conv_states given) and launches cc1d_kernel on `stream`.
+void causal_conv1d_varlen(const VarlenArgs& args);
+KernelVariant select_varlen(const VarlenArgs& args, const std::string& arch = "");
+Explanation explain_varlen(const VarlenArgs& args, const std::string& arch = "");
+// As prepare_fwd: decide, compile and load, launching nothing (graph capture warm-up).
+Explanation prepare_varlen(const VarlenArgs& args, int device = -1);
+// Launches exactly this variant (tests, tuner).
+void launch_varlen(const KernelVariant& v, const VarlenArgs& args);
+
 // ---- compilation without a GPU -------------------------------------------
 struct CompileResult {
   std::vector<uint8_t> binary;  // CUBIN (NVIDIA) or code object (AMD)

@@ -65,4 +65,34 @@ struct BwdParams {
 
 static_assert(sizeof(BwdParams) == 43 * 8, "BwdParams must stay 8-byte fields only");
 
+// Varlen prefill (causal_conv1d_varlen): packed sequences of one (dim, total_tokens)
+// tensor, sequence i at tokens [cu_seqlens[i], cu_seqlens[i+1]). One kernel
+// `cc1d_kernel`, grid (chunks, channel groups, sequences); chunks bounds the longest
+// sequence from the host (max_seqlen, else total_tokens) so no device value sizes
+// the grid. Sequence i starts from the last width-1 columns of its state-pool row
+// when has_initial_state[i] (zeros otherwise) and writes the last state_len inputs
+// of (its old window, its tokens) back to that row. out == nullptr: states only
+// (causal_conv1d_varlen_states: conv_states is then the (num_seqs, dim, state_len)
+// result, cache_indices and has_initial_state null, weight unused).
+struct VarlenParams {
+  const void* x;                  // (dim, total_tokens) viewed; one of the two strides is 1
+  const void* weight;             // (dim, width); unused when out is null
+  const void* bias;               // (dim,) or nullptr
+  const int32_t* cu_seqlens;      // (num_seqs + 1,)
+  const int32_t* cache_indices;   // (num_seqs,) pool rows, or nullptr: sequence i uses row i
+  const void* has_initial_state;  // (num_seqs,), his_bytes wide (1: bool/uint8, 4: int32), or nullptr: none
+  void* conv_states;              // (pool, dim, state_len) in x's dtype, or nullptr
+  void* out;                      // x's logical shape and layout, or nullptr (states only)
+  int64_t num_seqs, dim, total_tokens, max_seqlen, state_len, pool, pad_slot_id, his_bytes;
+  int64_t x_dim_stride, x_l_stride;
+  int64_t w_dim_stride, w_width_stride;
+  int64_t bias_stride;
+  int64_t out_dim_stride, out_l_stride;
+  int64_t cs_pool_stride, cs_dim_stride, cs_l_stride;
+  int64_t cu_stride, ci_stride, his_stride;
+  int64_t silu;                   // 0 or 1
+};
+
+static_assert(sizeof(VarlenParams) == 30 * 8, "VarlenParams must stay 8-byte fields only");
+
 }  // namespace cc1d
