@@ -40,6 +40,8 @@ MARK = "CC1D-SANITIZE-VARIANT "
 SHAPES = {
     "fwd": [(1, 7, 77, {}), (2, 40, 296, dict(seq_idx=True, initial_states=True, final_states=True))],
     "bwd": [(1, 7, 77, {}), (2, 40, 296, dict(seq_idx=True, initial_states=True, final_states=True))],
+    # varlen: batch = sequences, seqlen = total tokens
+    "vfwd": [(3, 7, 77, {}), (5, 40, 296, dict(initial_states=True, final_states=True))],
 }
 SAMPLE = 4  # tuned-space variants per family beyond its fallback chain (without --all)
 
