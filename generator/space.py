@@ -15,7 +15,7 @@ from typing import Callable, Mapping
 # entries from another epoch are ignored by the runtime.
 EPOCH = 2
 
-OPS = ("fwd", "bwd")
+OPS = ("fwd", "bwd", "upd")  # upd: the decode update (causal_conv1d_update)
 LAYOUTS = ("cf", "cl")  # channel-first: seqlen contiguous; channel-last: dim contiguous
 WIDTHS = tuple(range(2, 9))
 # dtype name -> (kernel storage type, bytes)
@@ -315,8 +315,11 @@ BWD_CL = Space(
     geometry=_cl_geometry,
 )
 
+from .space_upd import UPD_CF, UPD_CL  # noqa: E402  (builds on the helpers above)
+
 SPACES: Mapping[tuple[str, str], Space] = {("fwd", "cf"): FWD_CF, ("fwd", "cl"): FWD_CL,
-                                           ("bwd", "cf"): BWD_CF, ("bwd", "cl"): BWD_CL}
+                                           ("bwd", "cf"): BWD_CF, ("bwd", "cl"): BWD_CL,
+                                           ("upd", "cf"): UPD_CF, ("upd", "cl"): UPD_CL}
 
 
 def space_for(family: Family) -> Space:

@@ -224,7 +224,7 @@ std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, 
     d->detail += skipped;
     return d;
   }
-  d->variant = std::shared_ptr<const KernelVariant>(std::shared_ptr<void>(), &catalog_choice(family, align, p.op == Op::bwd ? "x/dout/dx" : "x/out"));
+  d->variant = std::shared_ptr<const KernelVariant>(std::shared_ptr<void>(), &catalog_choice(family, align, p.op == Op::bwd ? "x/dout/dx" : p.op == Op::upd ? "x/out/conv_state" : "x/out"));
   d->reason = "default";
   d->source = "catalog";
   if (arch.empty())
@@ -327,7 +327,8 @@ Dispatcher& dispatcher() {
 }  // namespace
 
 std::size_t family_of(const Call& c, char (&buf)[kFamilyBufSize]) {
-  return family_key(c.op == Op::bwd ? "bwd" : "fwd", c.layout, c.x_dtype, c.w_dtype, c.width, buf);
+  const char* op = c.op == Op::bwd ? "bwd" : c.op == Op::upd ? "upd" : "fwd";
+  return family_key(op, c.layout, c.x_dtype, c.w_dtype, c.width, buf);
 }
 
 std::shared_ptr<const Decision> decide(const Call& c, int arch_id) { return dispatcher().decide(c, arch_id); }

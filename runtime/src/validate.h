@@ -32,4 +32,11 @@ std::size_t bwd_family(const BwdArgs& a, Layout layout, char (&buf)[kFamilyBufSi
 // As fwd_alignment, over x, dout and dx.
 int bwd_alignment(const BwdArgs& a, Layout layout);
 
+// The decode update's checks (cc1d.h, causal_conv1d_update). Returns conv_state's
+// layout: channel_last when its dim stride is 1, else channel_first (any strides).
+Layout validate_upd(const UpdArgs& a);
+std::size_t upd_family(const UpdArgs& a, Layout layout, char (&buf)[kFamilyBufSize]);
+// As fwd_alignment, over x, out and conv_state (bases, batch and token strides).
+int upd_alignment(const UpdArgs& a);
+
 }  // namespace cc1d
