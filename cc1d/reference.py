@@ -68,11 +68,12 @@ def causal_conv1d_update_ref(x: torch.Tensor, conv_state: torch.Tensor, weight: 
                              cache_seqlens: Optional[torch.Tensor] = None,
                              conv_state_indices: Optional[torch.Tensor] = None,
                              num_accepted_tokens: Optional[torch.Tensor] = None,
-                             pad_slot_id: int = -1) -> torch.Tensor:
+                             pad_slot_id: int = -1, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """The semantics of ``cc1d.causal_conv1d_update``, row by row in batch order (so rows
     naming one slot see each other's updates). Outputs are computed in the promoted dtype
     of x and weight (float64 weights give a float64 reference) and returned in x's dtype;
-    conv_state is updated in place with copies of its own and x's elements."""
+    conv_state is updated in place with copies of its own and x's elements. ``out_dtype``:
+    return the outputs in this dtype instead of x's (float64 keeps the reference's precision)."""
     silu = activation is True or activation in ("silu", "swish")
     squeeze = x.dim() == 2
     x3 = x.unsqueeze(-1) if squeeze else x
@@ -117,5 +118,5 @@ def causal_conv1d_update_ref(x: torch.Tensor, conv_state: torch.Tensor, weight: 
     if silu:
         out = F.silu(out)
     # padded rows stay exactly 0 (silu(0) = 0)
-    out = out.to(x.dtype)
+    out = out.to(out_dtype or x.dtype)
     return out.squeeze(-1) if squeeze else out

@@ -381,13 +381,15 @@ std::size_t upd_family(const UpdArgs& a, Layout layout, char (&buf)[kFamilyBufSi
 int upd_alignment(const UpdArgs& a) {
   const UpdParams& p = a.p;
   const uint64_t es = uint64_t(dtype_size(a.x_dtype));
-  // Strides of size-1 axes are never stepped over: they do not count.
+  // Strides of size-1 axes are never stepped over: they do not count. x and out
+  // take part only where the kernels move them as vectors (dim stride 1).
   auto step = [es](int64_t size, int64_t stride) { return size > 1 ? uint64_t(stride) * es : 0u; };
-  uint64_t bits = reinterpret_cast<uintptr_t>(p.x) | reinterpret_cast<uintptr_t>(p.out) |
-                  reinterpret_cast<uintptr_t>(p.conv_state) | step(p.batch, p.x_batch_stride) |
-                  step(p.seqlen, p.x_l_stride) | step(p.batch, p.out_batch_stride) |
-                  step(p.seqlen, p.out_l_stride) | step(p.pool, p.st_batch_stride) |
+  uint64_t bits = reinterpret_cast<uintptr_t>(p.conv_state) | step(p.pool, p.st_batch_stride) |
                   step(p.state_len, p.st_l_stride);
+  if (p.x_dim_stride == 1)
+    bits |= reinterpret_cast<uintptr_t>(p.x) | step(p.batch, p.x_batch_stride) | step(p.seqlen, p.x_l_stride);
+  if (p.out_dim_stride == 1)
+    bits |= reinterpret_cast<uintptr_t>(p.out) | step(p.batch, p.out_batch_stride) | step(p.seqlen, p.out_l_stride);
   return low_bit_cap(bits, 256);
 }
 

@@ -36,7 +36,8 @@ int bwd_alignment(const BwdArgs& a, Layout layout);
 // layout: channel_last when its dim stride is 1, else channel_first (any strides).
 Layout validate_upd(const UpdArgs& a);
 std::size_t upd_family(const UpdArgs& a, Layout layout, char (&buf)[kFamilyBufSize]);
-// As fwd_alignment, over x, out and conv_state (bases, batch and token strides).
+// As fwd_alignment, over conv_state, and x and out where their dim stride is 1
+// (bases, batch and token strides of axes longer than 1).
 int upd_alignment(const UpdArgs& a);
 
 }  // namespace cc1d
