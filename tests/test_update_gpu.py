@@ -15,7 +15,6 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")]
 
 import cc1d  # noqa: E402
-from cc1d.generator import Family, fallback_chain  # noqa: E402
 from cc1d.reference import causal_conv1d_update_ref  # noqa: E402
 from cc1d.update import _upd_call_args  # noqa: E402
 
@@ -86,10 +85,6 @@ def _bits(t):
 
 
 # ---- every covering variant, launched as itself, NaN-poisoned outputs ----------
-
-def _covering():
-    return [*covering_variants("upd", "cf"), *covering_variants("upd", "cl")]
-
 
 def test_every_covering_variant_matches_the_reference(rt):
     target = rt.device_target("hip" if torch.version.hip else "cuda", torch.cuda.current_device())
