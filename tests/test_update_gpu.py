@@ -97,7 +97,8 @@ def test_every_covering_variant_matches_the_reference(rt):
         dim = 2 * g["tile_d"] + 8  # not a multiple of the tile; rows stay 16-byte aligned
         batch = 2 * g["tile_l"] + 1
         seqlen = (1, 3)[i % 2]
-        state_len = f.width - 1 + (i % 3)
+        # >= 2: a (pool, dim, 1) state has dim contiguous too, and would read as "cl"
+        state_len = max(2, f.width - 1 + (i % 3))
         mode = i % 4  # plain, cache_seqlens, indices, indices + num_accepted_tokens
         x, state, w, b = make(batch, dim, seqlen, state_len, f.width, f.x_dtype, f.w_dtype, layout=f.layout,
                               pool=batch + 3, bias=i % 2 == 0, seed=i)
