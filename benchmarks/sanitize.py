@@ -42,6 +42,8 @@ SHAPES = {
     "bwd": [(1, 7, 77, {}), (2, 40, 296, dict(seq_idx=True, initial_states=True, final_states=True))],
     # varlen: batch = sequences, seqlen = total tokens
     "vfwd": [(3, 7, 77, {}), (5, 40, 296, dict(initial_states=True, final_states=True))],
+    # decode update: seqlen = new tokens per row
+    "upd": [(3, 7, 1, {}), (5, 40, 3, {})],
 }
 SAMPLE = 4  # tuned-space variants per family beyond its fallback chain (without --all)
 

@@ -24,6 +24,10 @@ _TORCH_API = {
     "explain": "cc1d.ops",
     "warmup": "cc1d._warmup",
     "causal_conv1d_fwd": "cc1d.aiter",
+    "causal_conv1d_update": "cc1d.update",
+    "causal_conv1d_update_ref": "cc1d.reference",
+    "explain_update": "cc1d.update",
+    "warmup_update": "cc1d.update",
 }
 
 __all__ = [*_TORCH_API, "set_tuning_db", "dispatch_stats", "install_causal_conv1d_alias",

@@ -111,3 +111,60 @@ def causal_conv1d_varlen_states_ref(x: torch.Tensor, cu_seqlens: torch.Tensor, s
         if n > 0:
             states[i, :, state_len - n:] = x[b - n:b].t()
     return states
+def causal_conv1d_update_ref(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
+                             bias: Optional[torch.Tensor] = None, activation=None,
+                             cache_seqlens: Optional[torch.Tensor] = None,
+                             conv_state_indices: Optional[torch.Tensor] = None,
+                             num_accepted_tokens: Optional[torch.Tensor] = None,
+                             pad_slot_id: int = -1, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """The semantics of ``cc1d.causal_conv1d_update``, row by row in batch order (so rows
+    naming one slot see each other's updates). Outputs are computed in the promoted dtype
+    of x and weight (float64 weights give a float64 reference) and returned in x's dtype;
+    conv_state is updated in place with copies of its own and x's elements. ``out_dtype``:
+    return the outputs in this dtype instead of x's (float64 keeps the reference's precision)."""
+    silu = activation is True or activation in ("silu", "swish")
+    squeeze = x.dim() == 2
+    x3 = x.unsqueeze(-1) if squeeze else x
+    batch, dim, seqlen = x3.shape
+    width = weight.shape[1]
+    pool, _, state_len = conv_state.shape
+    ctype = torch.promote_types(x.dtype, weight.dtype)
+    if ctype in (torch.float16, torch.bfloat16):
+        ctype = torch.float32
+    w = weight.to(ctype)
+    out = torch.zeros(batch, dim, seqlen, dtype=ctype, device=x.device)
+    for b in range(batch):
+        slot = int(conv_state_indices[b]) if conv_state_indices is not None else b
+        if conv_state_indices is not None and (slot == pad_slot_id or slot < 0 or slot >= pool):
+            continue  # padded row: zero output, no state
+        st = conv_state[slot]
+        xb = x3[b].to(conv_state.dtype)
+        if cache_seqlens is not None:
+            head = int(cache_seqlens[b]) % state_len
+            idx = [(head - (width - 1) + k) % state_len for k in range(width - 1)]
+            window = st[:, idx]
+        elif num_accepted_tokens is not None:
+            a = min(max(int(num_accepted_tokens[b]), 1), min(seqlen, state_len - width + 2))
+            window = st[:, a - 1:a - 1 + width - 1]
+            shift = a
+        else:
+            window = st[:, state_len - (width - 1):]
+            shift = seqlen
+        seq = torch.cat([window, xb], dim=-1).to(ctype)
+        acc = torch.zeros(dim, seqlen, dtype=ctype, device=x.device)
+        if bias is not None:
+            acc += bias.to(ctype)[:, None]
+        for k in range(width):
+            acc = acc + w[:, k, None] * seq[:, k:k + seqlen]
+        out[b] = acc
+        if cache_seqlens is not None:
+            for t in range(max(0, seqlen - state_len), seqlen):
+                st[:, (head + t) % state_len] = xb[:, t]
+        else:
+            kept = st[:, shift:shift + max(state_len - seqlen, 0)]
+            st.copy_(torch.cat([kept, xb], dim=-1)[:, -state_len:])
+    if silu:
+        out = F.silu(out)
+    # padded rows stay exactly 0 (silu(0) = 0)
+    out = out.to(out_dtype or x.dtype)
+    return out.squeeze(-1) if squeeze else out

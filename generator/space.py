@@ -15,7 +15,7 @@ from typing import Callable, Mapping
 # entries from another epoch are ignored by the runtime.
 EPOCH = 2
 
-OPS = ("fwd", "bwd", "vfwd")  # vfwd: varlen prefill with a state pool (and varlen states)
+OPS = ("fwd", "bwd", "vfwd", "upd")  # vfwd: varlen prefill with a state pool; upd: the decode update
 LAYOUTS = ("cf", "cl")  # channel-first: seqlen contiguous; channel-last: dim contiguous
 WIDTHS = tuple(range(2, 9))
 # dtype name -> (kernel storage type, bytes)
@@ -329,6 +329,8 @@ BWD_CL = Space(
     geometry=_cl_geometry,
 )
 
+from .space_upd import UPD_CF, UPD_CL  # noqa: E402  (builds on the helpers above)
+
 # ---- varlen prefill ------------------------------------------------------------
 # The forward's tilings over packed sequences (one sequence per grid.z): the same
 # tunables, constraints and geometry. Its defaults are the forward's measured ones
@@ -347,7 +349,8 @@ VFWD_CL = Space(op="vfwd", layout="cl", template="varlen_channel_last.cu.j2", pa
 
 SPACES: Mapping[tuple[str, str], Space] = {("fwd", "cf"): FWD_CF, ("fwd", "cl"): FWD_CL,
                                            ("bwd", "cf"): BWD_CF, ("bwd", "cl"): BWD_CL,
-                                           ("vfwd", "cf"): VFWD_CF, ("vfwd", "cl"): VFWD_CL}
+                                           ("vfwd", "cf"): VFWD_CF, ("vfwd", "cl"): VFWD_CL,
+                                           ("upd", "cf"): UPD_CF, ("upd", "cl"): UPD_CL}
 
 
 def space_for(family: Family) -> Space:

@@ -86,6 +86,8 @@ def fallback_chain(family: Family, arch: Arch | str = "sm_90") -> list[Variant]:
     every call has a kernel.
     """
     chain = [default_variant(family, arch)]
+    if "vec_bytes" not in chain[0].params:  # a space without vectors needs only the element size
+        return chain
     for vec in (16, 8, 4, 2):
         if vec < family.x_bytes or vec >= int(chain[0].params["vec_bytes"]):
             continue

@@ -61,7 +61,7 @@ def test_compile_rejects_unknown_targets(rt, target):
 def test_catalog_has_a_general_fallback_for_every_family(rt):
     entries = rt.catalog()
     families = {e["family"] for e in entries}
-    for op in ("fwd", "bwd", "vfwd"):  # 2 layouts x 5 dtype pairs x 7 widths each
+    for op in ("fwd", "bwd", "vfwd", "upd"):  # 2 layouts x 5 dtype pairs x 7 widths each
         assert sum(f.startswith(op + ".") for f in families) == 70, op
     for fam in families:
         chain = [e for e in entries if e["family"] == fam]

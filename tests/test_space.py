@@ -12,7 +12,7 @@ FAMILIES = families()
 
 
 def test_family_count_and_keys_unique():
-    assert len(FAMILIES) == 3 * 2 * 5 * 7  # ops (fwd, bwd, vfwd) x layouts x dtype pairs x widths
+    assert len(FAMILIES) == 4 * 2 * 5 * 7  # ops (fwd, bwd, vfwd, upd) x layouts x dtype pairs x widths
     assert len({f.key() for f in FAMILIES}) == len(FAMILIES)
 
 
@@ -110,4 +110,4 @@ def test_geometry_tiles_cover_whole_blocks(family):
         g = v.geometry()
         assert g["threads"] in (64, 128, 256)
         assert g["tile_l"] >= 1 and g["tile_d"] >= 1
-        assert g["align_bytes"] == v.params["vec_bytes"]
+        assert g["align_bytes"] == v.params.get("vec_bytes", family.x_bytes)  # upd.cf: no vectors

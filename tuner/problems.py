@@ -277,7 +277,60 @@ class VarlenProblem:
         rt.launch_varlen(kernel, *args)
 
 
-PROBLEMS: dict[str, Problem] = {"fwd": FwdProblem(), "bwd": BwdProblem(), "vfwd": VarlenProblem()}
+class UpdProblem:
+    """The decode update: x (batch, dim) (or (batch, dim, seqlen)) against a state of
+    state_len = width-1 laid out as the shape's layout says ("cl": dim contiguous,
+    vLLM's pools; "cf": state_len contiguous, the peer's). The state is an output:
+    make_outputs hands the kernel a copy of the input state to update."""
+    op = "upd"
+
+    def bytes_moved(self, shape: Shape) -> int:
+        xb, wb = DTYPES[shape.x_dtype][1], DTYPES[shape.w_dtype][1]
+        tokens = shape.batch * shape.dim * shape.seqlen
+        state = shape.batch * shape.dim * (shape.width - 1)
+        return 2 * tokens * xb + 2 * state * xb + shape.dim * (shape.width + shape.bias) * wb
+
+    def make_inputs(self, shape: Shape, seed: int, device: str = "cuda") -> dict[str, Any]:
+        import torch
+        gen = torch.Generator().manual_seed(seed)
+        xd, wd = _torch_dtype(shape.x_dtype), _torch_dtype(shape.w_dtype)
+        b, d, l, w = shape.batch, shape.dim, shape.seqlen, shape.width
+        x = torch.randn(b, d, l, generator=gen).to(xd).to(device)
+        if l == 1:
+            x = x[:, :, 0].contiguous()
+        if shape.layout == "cf":
+            state = torch.randn(b, d, w - 1, generator=gen).to(xd).to(device)
+        else:
+            state = torch.randn(b, w - 1, d, generator=gen).to(xd).to(device).transpose(1, 2)
+        bias = torch.randn(d, generator=gen).to(wd).to(device) if shape.bias else None
+        return dict(x=x, conv_state=state, weight=(torch.randn(d, w, generator=gen) / w ** 0.5).to(wd).to(device),
+                    bias=bias)
+
+    def make_outputs(self, shape: Shape, inputs: dict[str, Any]) -> dict[str, Any]:
+        import torch
+        return dict(out=torch.full_like(inputs["x"], float("nan")), conv_state=inputs["conv_state"].clone())
+
+    def reference(self, shape: Shape, inputs: dict[str, Any]) -> dict[str, Any]:
+        import torch
+        from ..reference import causal_conv1d_update_ref
+        state = inputs["conv_state"].clone()
+        b = inputs["bias"]
+        out = causal_conv1d_update_ref(inputs["x"], state, inputs["weight"].double(),
+                                       None if b is None else b.double(),
+                                       activation="silu" if shape.activation == "silu" else None,
+                                       out_dtype=torch.float64)
+        return dict(out=out, conv_state=state.double())
+
+    def launch(self, rt: Any, kernel: dict, shape: Shape, inputs: dict[str, Any],
+               outputs: dict[str, Any], stream: int) -> None:
+        from ..update import _upd_call_args
+        args = _upd_call_args(inputs["x"], outputs["conv_state"], inputs["weight"], inputs["bias"], None, None,
+                              None, outputs["out"], -1, shape.activation == "silu")
+        rt.launch_upd(kernel, *args, stream)
+
+
+PROBLEMS: dict[str, Problem] = {"fwd": FwdProblem(), "bwd": BwdProblem(), "vfwd": VarlenProblem(),
+                                 "upd": UpdProblem()}
 
 
 def problem_for(op: str) -> Problem:

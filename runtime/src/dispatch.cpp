@@ -32,11 +32,14 @@ const char* op_name(Op op) {
   switch (op) {
     case Op::bwd: return "bwd";
     case Op::vfwd: return "vfwd";
+    case Op::upd: return "upd";
     default: return "fwd";
   }
 }
 
-const char* op_tensors(Op op) { return op == Op::bwd ? "x/dout/dx" : "x/out"; }
+const char* op_tensors(Op op) {
+  return op == Op::bwd ? "x/dout/dx" : op == Op::upd ? "x/out/conv_state" : "x/out";
+}
 
 // ---- the default catalog --------------------------------------------------
 

@@ -14,7 +14,7 @@
 
 namespace cc1d {
 
-enum class Op : uint8_t { fwd = 0, bwd = 1, vfwd = 2 };
+enum class Op : uint8_t { fwd = 0, bwd = 1, vfwd = 2, upd = 3 };
 
 // Everything a decision depends on, whatever the op.
 struct Call {

@@ -33,6 +33,12 @@ using BwdStrides = std::array<int64_t, 26>;
 using VarlenPtrs = std::array<int64_t, 8>;
 using VarlenSizes = std::array<int64_t, 9>;
 using VarlenStrides = std::array<int64_t, 13>;
+// Update: the 8 UpdParams pointers in declared order (x, weight, bias, conv_state,
+// cache_seqlens, conv_state_indices, num_accepted_tokens, out), sizes (batch,
+// dim, seqlen, state_len, pool, width) and its 15 strides in declared order.
+using UpdPtrs = std::array<int64_t, 8>;
+using UpdSizes = std::array<int64_t, 6>;
+using UpdStrides = std::array<int64_t, 15>;
 
 template <class T> T* as_ptr(int64_t v) { return reinterpret_cast<T*>(static_cast<uintptr_t>(v)); }
 
@@ -116,6 +122,31 @@ VarlenArgs make_varlen_args(const VarlenPtrs& ptrs, const VarlenSizes& sizes, co
   a.x_dtype = static_cast<DType>(x_dtype);
   a.w_dtype = static_cast<DType>(w_dtype);
   a.width = int(sizes[8]);
+UpdArgs make_upd_args(const UpdPtrs& ptrs, const UpdSizes& sizes, const UpdStrides& s, int64_t pad_slot_id,
+                      int x_dtype, int w_dtype, bool silu, int64_t stream) {
+  UpdArgs a;
+  UpdParams& p = a.p;
+  p.x = as_ptr<const void>(ptrs[0]);
+  p.weight = as_ptr<const void>(ptrs[1]);
+  p.bias = as_ptr<const void>(ptrs[2]);
+  p.conv_state = as_ptr<void>(ptrs[3]);
+  p.cache_seqlens = as_ptr<const int32_t>(ptrs[4]);
+  p.conv_state_indices = as_ptr<const int32_t>(ptrs[5]);
+  p.num_accepted_tokens = as_ptr<const int32_t>(ptrs[6]);
+  p.out = as_ptr<void>(ptrs[7]);
+  p.batch = sizes[0];
+  p.dim = sizes[1];
+  p.seqlen = sizes[2];
+  p.state_len = sizes[3];
+  p.pool = sizes[4];
+  static_assert(offsetof(UpdParams, accepted_stride) - offsetof(UpdParams, x_batch_stride) == 14 * 8,
+                "UpdParams strides must stay contiguous");
+  std::memcpy(&p.x_batch_stride, s.data(), sizeof(int64_t) * s.size());
+  p.pad_slot_id = pad_slot_id;
+  p.silu = silu ? 1 : 0;
+  a.x_dtype = static_cast<DType>(x_dtype);
+  a.w_dtype = static_cast<DType>(w_dtype);
+  a.width = int(sizes[5]);
   a.stream = as_ptr<void>(stream);
   return a;
 }
@@ -471,6 +502,83 @@ PYBIND11_MODULE(_cc1d, m) {
       py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
       py::arg("silu"), py::arg("device") = -1,
       "prepare_varlen(<varlen's arguments but stream>, device=-1): decide, compile and load, launching nothing.");
+  // ---- decode update ----
+  // Arguments: ptrs (8), sizes (6), strides (15), pad_slot_id, x_dtype, w_dtype, silu, then stream.
+  m.def(
+      "upd",
+      [](const UpdPtrs& ptrs, const UpdSizes& sizes, const UpdStrides& strides, int64_t pad_slot_id, int x_dtype,
+         int w_dtype, bool silu, int64_t stream) {
+        const UpdArgs a = make_upd_args(ptrs, sizes, strides, pad_slot_id, x_dtype, w_dtype, silu, stream);
+        py::gil_scoped_release nogil;
+        causal_conv1d_update(a);
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("pad_slot_id"), py::arg("x_dtype"),
+      py::arg("w_dtype"), py::arg("silu"), py::arg("stream"),
+      "upd(ptrs, sizes, strides, pad_slot_id, x_dtype, w_dtype, silu, stream): the decode update on stream. "
+      "ptrs (8): x, weight, bias, conv_state, cache_seqlens, conv_state_indices, num_accepted_tokens, out "
+      "(0 = none). sizes: batch, dim, seqlen, state_len, pool, width. strides (15, elements): x (batch, dim, l), "
+      "weight (dim, width), bias, conv_state (pool, dim, state_len), out (3), cache_seqlens, conv_state_indices, "
+      "num_accepted_tokens.");
+
+  m.def(
+      "launch_upd",
+      [](const py::dict& variant, const UpdPtrs& ptrs, const UpdSizes& sizes, const UpdStrides& strides,
+         int64_t pad_slot_id, int x_dtype, int w_dtype, bool silu, int64_t stream) {
+        const KernelVariant v = variant_from(variant);
+        const UpdArgs a = make_upd_args(ptrs, sizes, strides, pad_slot_id, x_dtype, w_dtype, silu, stream);
+        py::gil_scoped_release nogil;
+        cc1d::launch_upd(v, a);
+      },
+      py::arg("variant"), py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("pad_slot_id"),
+      py::arg("x_dtype"), py::arg("w_dtype"), py::arg("silu"), py::arg("stream"),
+      "launch_upd(variant, <upd's arguments>): exactly this variant.");
+
+  m.def(
+      "select_upd",
+      [](const UpdPtrs& ptrs, const UpdSizes& sizes, const UpdStrides& strides, int64_t pad_slot_id, int x_dtype,
+         int w_dtype, bool silu, int64_t stream, const std::string& arch) {
+        const UpdArgs a = make_upd_args(ptrs, sizes, strides, pad_slot_id, x_dtype, w_dtype, silu, stream);
+        KernelVariant v;
+        {
+          py::gil_scoped_release nogil;
+          v = cc1d::select_upd(a, arch);
+        }
+        return variant_dict(v);
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("pad_slot_id"), py::arg("x_dtype"),
+      py::arg("w_dtype"), py::arg("silu"), py::arg("stream") = 0, py::arg("arch") = "");
+
+  m.def(
+      "explain_upd",
+      [](const UpdPtrs& ptrs, const UpdSizes& sizes, const UpdStrides& strides, int64_t pad_slot_id, int x_dtype,
+         int w_dtype, bool silu, int64_t stream, const std::string& arch) {
+        const UpdArgs a = make_upd_args(ptrs, sizes, strides, pad_slot_id, x_dtype, w_dtype, silu, stream);
+        Explanation e;
+        {
+          py::gil_scoped_release nogil;
+          e = cc1d::explain_upd(a, arch);
+        }
+        return explanation_dict(e);
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("pad_slot_id"), py::arg("x_dtype"),
+      py::arg("w_dtype"), py::arg("silu"), py::arg("stream") = 0, py::arg("arch") = "",
+      "explain_upd(<upd's arguments>, arch='') -> dict as explain_fwd's, for the decode update.");
+
+  m.def(
+      "prepare_upd",
+      [](const UpdPtrs& ptrs, const UpdSizes& sizes, const UpdStrides& strides, int64_t pad_slot_id, int x_dtype,
+         int w_dtype, bool silu, int device) {
+        const UpdArgs a = make_upd_args(ptrs, sizes, strides, pad_slot_id, x_dtype, w_dtype, silu, 0);
+        Explanation e;
+        {
+          py::gil_scoped_release nogil;  // may compile
+          e = cc1d::prepare_upd(a, device);
+        }
+        return explanation_dict(e);
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("pad_slot_id"), py::arg("x_dtype"),
+      py::arg("w_dtype"), py::arg("silu"), py::arg("device") = -1,
+      "prepare_upd(<upd's arguments but stream>, device=-1): decide, compile and load the update's kernel.");
 
   m.def("dispatch_stats", [] {
     const DispatchStats s = cc1d::dispatch_stats();

@@ -413,6 +413,93 @@ int varlen_alignment(const VarlenArgs& a, Layout layout) {
   uint64_t bits = reinterpret_cast<uintptr_t>(p.x) | uint64_t(cf ? p.x_dim_stride : p.x_l_stride) * es;
   if (p.out)
     bits |= reinterpret_cast<uintptr_t>(p.out) | uint64_t(cf ? p.out_dim_stride : p.out_l_stride) * es;
+// ---- decode update ----------------------------------------------------------
+
+namespace {
+
+void check_index_array(const char* name, const int32_t* ptr, int64_t stride, int64_t batch) {
+  if (!ptr) return;
+  const std::string s = std::string(name) + "_stride";
+  require_non_negative(s.c_str(), stride);
+  check_aligned(name, ptr, 4);
+  check_extent(name, {{batch, stride}}, 4);
+}
+
+}  // namespace
+
+Layout validate_upd(const UpdArgs& a) {
+  const UpdParams& p = a.p;
+  check_dtypes_sizes(a.x_dtype, a.w_dtype, a.width, p.batch, p.dim, p.seqlen);
+  if (!p.x) throw InvalidArgument("x must not be null");
+  if (!p.weight) throw InvalidArgument("weight must not be null");
+  if (!p.conv_state) throw InvalidArgument("conv_state must not be null");
+  if (!p.out) throw InvalidArgument("out must not be null");
+  if (p.silu != 0 && p.silu != 1) throw InvalidArgument("silu must be 0 or 1, got " + str(p.silu));
+  if (p.state_len < a.width - 1)
+    throw InvalidArgument("conv_state: state_len must be >= width - 1 = " + str(a.width - 1) +
+                          " (the window of previous inputs), got " + str(p.state_len));
+  require_positive("pool (conv_state's first dimension)", p.pool);
+  if (!p.conv_state_indices && p.pool < p.batch)
+    throw InvalidArgument("conv_state: without conv_state_indices its first dimension (pool) must be >= batch = " +
+                          str(p.batch) + ", got " + str(p.pool));
+  if (p.cache_seqlens && p.num_accepted_tokens)
+    throw InvalidArgument("cache_seqlens and num_accepted_tokens exclude each other: a circular buffer "
+                          "(cache_seqlens) or vLLM's speculative window (num_accepted_tokens), not both");
+  require_non_negative("x_batch_stride", p.x_batch_stride);
+  require_non_negative("x_dim_stride", p.x_dim_stride);
+  require_non_negative("x_l_stride", p.x_l_stride);
+  require_non_negative("out_batch_stride", p.out_batch_stride);
+  require_non_negative("out_dim_stride", p.out_dim_stride);
+  require_non_negative("out_l_stride", p.out_l_stride);
+  require_non_negative("st_batch_stride", p.st_batch_stride);
+  require_non_negative("st_dim_stride", p.st_dim_stride);
+  require_non_negative("st_l_stride", p.st_l_stride);
+  require_non_negative("w_dim_stride", p.w_dim_stride);
+  require_non_negative("w_width_stride", p.w_width_stride);
+  const int xs = dtype_size(a.x_dtype), ws = dtype_size(a.w_dtype);
+  check_aligned("x", p.x, xs);
+  check_aligned("out", p.out, xs);
+  check_aligned("conv_state", p.conv_state, xs);
+  check_aligned("weight", p.weight, ws);
+  const int64_t x_bytes =
+      check_extent("x", {{p.batch, p.x_batch_stride}, {p.dim, p.x_dim_stride}, {p.seqlen, p.x_l_stride}}, xs);
+  const int64_t out_bytes = check_extent(
+      "out", {{p.batch, p.out_batch_stride}, {p.dim, p.out_dim_stride}, {p.seqlen, p.out_l_stride}}, xs);
+  const int64_t st_bytes = check_extent(
+      "conv_state", {{p.pool, p.st_batch_stride}, {p.dim, p.st_dim_stride}, {p.state_len, p.st_l_stride}}, xs);
+  check_extent("weight", {{p.dim, p.w_dim_stride}, {a.width, p.w_width_stride}}, ws);
+  check_disjoint("out", p.out, out_bytes, "x", p.x, x_bytes, "x is read while out is written");
+  check_disjoint("out", p.out, out_bytes, "conv_state", p.conv_state, st_bytes,
+                 "the state is read and written while out is written");
+  check_disjoint("conv_state", p.conv_state, st_bytes, "x", p.x, x_bytes,
+                 "x is copied into the state while it is read");
+  if (p.bias) {
+    require_non_negative("bias_stride", p.bias_stride);
+    check_aligned("bias", p.bias, ws);
+    check_extent("bias", {{p.dim, p.bias_stride}}, ws);
+  }
+  check_index_array("cache_seqlens", p.cache_seqlens, p.seqlens_stride, p.batch);
+  check_index_array("conv_state_indices", p.conv_state_indices, p.indices_stride, p.batch);
+  check_index_array("num_accepted_tokens", p.num_accepted_tokens, p.accepted_stride, p.batch);
+  return p.st_dim_stride == 1 ? Layout::channel_last : Layout::channel_first;
+}
+
+std::size_t upd_family(const UpdArgs& a, Layout layout, char (&buf)[kFamilyBufSize]) {
+  return family_key("upd", layout, a.x_dtype, a.w_dtype, a.width, buf);
+}
+
+int upd_alignment(const UpdArgs& a) {
+  const UpdParams& p = a.p;
+  const uint64_t es = uint64_t(dtype_size(a.x_dtype));
+  // Strides of size-1 axes are never stepped over: they do not count. x and out
+  // take part only where the kernels move them as vectors (dim stride 1).
+  auto step = [es](int64_t size, int64_t stride) { return size > 1 ? uint64_t(stride) * es : 0u; };
+  uint64_t bits = reinterpret_cast<uintptr_t>(p.conv_state) | step(p.pool, p.st_batch_stride) |
+                  step(p.state_len, p.st_l_stride);
+  if (p.x_dim_stride == 1)
+    bits |= reinterpret_cast<uintptr_t>(p.x) | step(p.batch, p.x_batch_stride) | step(p.seqlen, p.x_l_stride);
+  if (p.out_dim_stride == 1)
+    bits |= reinterpret_cast<uintptr_t>(p.out) | step(p.batch, p.out_batch_stride) | step(p.seqlen, p.out_l_stride);
   return low_bit_cap(bits, 256);
 }
 

@@ -37,5 +37,12 @@ Layout validate_varlen(const VarlenArgs& a);
 std::size_t varlen_family(const VarlenArgs& a, Layout layout, char (&buf)[kFamilyBufSize]);
 // As fwd_alignment, over x and out (out may be null).
 int varlen_alignment(const VarlenArgs& a, Layout layout);
+// The decode update's checks (cc1d.h, causal_conv1d_update). Returns conv_state's
+// layout: channel_last when its dim stride is 1, else channel_first (any strides).
+Layout validate_upd(const UpdArgs& a);
+std::size_t upd_family(const UpdArgs& a, Layout layout, char (&buf)[kFamilyBufSize]);
+// As fwd_alignment, over conv_state, and x and out where their dim stride is 1
+// (bases, batch and token strides of axes longer than 1).
+int upd_alignment(const UpdArgs& a);
 
 }  // namespace cc1d

@@ -219,6 +219,39 @@ Explanation explain_varlen(const VarlenArgs& args, const std::string& arch = "")
 Explanation prepare_varlen(const VarlenArgs& args, int device = -1);
 // Launches exactly this variant (tests, tuner).
 void launch_varlen(const KernelVariant& v, const VarlenArgs& args);
+// ---- decode update ----------------------------------------------------------
+// causal_conv1d_update: for each batch row b (its state: pool row
+// conv_state_indices[b], else b), the outputs of x's seqlen new tokens given the
+// width-1 previous inputs held in the state, and the state moved on in place:
+//   default (the peer's): the window is the state's last width-1 entries; the
+//     state becomes the last state_len entries of cat(state, x).
+//   cache_seqlens: a circular buffer; the window ends just before position
+//     cache_seqlens[b] % state_len and token t is written at (cache_seqlens[b] + t) % state_len.
+//   num_accepted_tokens (vLLM's speculative decoding; a = num_accepted_tokens[b],
+//     clamped to [1, min(seqlen, state_len - width + 2)]): the window is
+//     state[a-1 .. a+width-3]; the state becomes state[a .. a+state_len-seqlen-1] then x.
+// A row whose index equals pad_slot_id, is negative or is >= pool is padding:
+// its outputs are 0 and no state is read or written. Rows naming one slot run
+// one after another in batch order (each sees the state the previous left).
+// Variants: family upd.<cf|cl>.<x>w<w>.w<width>; the layout is conv_state's
+// (cl: st_dim_stride == 1). Dispatch features: bias, silu.
+struct UpdArgs {
+  UpdParams p{};               // pointers, sizes, strides (elements), pad_slot_id, silu
+  DType x_dtype = DType::f32;  // x, out, conv_state
+  DType w_dtype = DType::f32;  // weight and bias
+  int width = 0;               // 2..8
+  void* stream = nullptr;
+};
+
+// Checks (InvalidArgument / TypeMismatch naming the field), decides (memoised)
+// and launches one kernel. Allocates and synchronises nothing once loaded.
+// cache_seqlens and num_accepted_tokens exclude each other; out must not
+// overlap x or conv_state.
+void causal_conv1d_update(const UpdArgs& args);
+KernelVariant select_upd(const UpdArgs& args, const std::string& arch = "");
+Explanation explain_upd(const UpdArgs& args, const std::string& arch = "");
+Explanation prepare_upd(const UpdArgs& args, int device = -1);
+void launch_upd(const KernelVariant& v, const UpdArgs& args);
 
 // ---- compilation without a GPU -------------------------------------------
 struct CompileResult {

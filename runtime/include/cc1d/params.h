@@ -94,5 +94,29 @@ struct VarlenParams {
 };
 
 static_assert(sizeof(VarlenParams) == 30 * 8, "VarlenParams must stay 8-byte fields only");
+// Decode update (causal_conv1d_update): new tokens x against a state pool,
+// the state updated in place. The kernels' copy of this struct is in
+// templates/upd.cu.j2. Grid: (channel groups, batch row groups).
+struct UpdParams {
+  const void* x;                        // (batch, dim, seqlen) viewed, any strides
+  const void* weight;                   // (dim, width)
+  const void* bias;                     // (dim,) or nullptr
+  void* conv_state;                     // (pool, dim, state_len), x's dtype, any strides; updated in place
+  const int32_t* cache_seqlens;         // (batch,) or nullptr: circular buffer, written at cache_seqlens % state_len
+  const int32_t* conv_state_indices;    // (batch,) or nullptr: the pool row of each batch row
+  const int32_t* num_accepted_tokens;   // (batch,) or nullptr: speculative decoding (vLLM)
+  void* out;                            // x's logical shape and dtype
+  int64_t batch, dim, seqlen, state_len, pool;
+  int64_t x_batch_stride, x_dim_stride, x_l_stride;
+  int64_t w_dim_stride, w_width_stride;
+  int64_t bias_stride;
+  int64_t st_batch_stride, st_dim_stride, st_l_stride;
+  int64_t out_batch_stride, out_dim_stride, out_l_stride;
+  int64_t seqlens_stride, indices_stride, accepted_stride;
+  int64_t pad_slot_id;                  // an index equal to it (or negative, or >= pool) is a padded row
+  int64_t silu;                         // 0 or 1
+};
+
+static_assert(sizeof(UpdParams) == 30 * 8, "UpdParams must stay 8-byte fields only");
 
 }  // namespace cc1d

@@ -1,0 +1,100 @@
+"""Decode-update benchmark: cc1d.causal_conv1d_update per call at batch 1, 16, 64,
+256, dim 5120, width 4, bf16, bias, SiLU (ANCHORS.md's update rows): inside a CUDA
+graph (device time; inputs and state pools rotated past L2), eagerly (wall time
+per call from Python), its fraction of the copy ceiling (minimal bytes: read x
+and the state window, write out and the new state), and the peer's update when
+``causal_conv1d`` is importable. Both conv_state layouts: "cl" (dim contiguous,
+vLLM's pools) and "cf" (state_len contiguous, the peer's).
+
+    python benchmarks/bench_update.py [--out results.json] [--indices]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+
+import torch
+
+import cc1d
+from timing import copy_ceiling_gbps, graph_time_us, host_time_us, n_buffers
+
+BATCHES = (1, 16, 64, 256)
+DIM, WIDTH, DTYPE = 5120, 4, torch.bfloat16
+
+
+def _peer():
+    try:
+        from causal_conv1d import causal_conv1d_update as peer
+        return peer
+    except ImportError:
+        return None
+
+
+def make_sets(batch, layout, with_indices):
+    state_len = WIDTH - 1
+    bytes_per_set = 2 * batch * DIM * (1 + state_len) * 2  # x, out, state read + written
+    sets = []
+    for _ in range(n_buffers(bytes_per_set)):
+        x = torch.randn(batch, DIM, device="cuda", dtype=DTYPE)
+        if layout == "cf":
+            state = torch.randn(batch, DIM, state_len, device="cuda", dtype=DTYPE)
+        else:
+            state = torch.randn(batch, state_len, DIM, device="cuda", dtype=DTYPE).transpose(1, 2)
+        idx = torch.randperm(batch, device="cuda").to(torch.int32) if with_indices else None
+        sets.append((x, state, idx))
+    w = torch.randn(DIM, WIDTH, device="cuda", dtype=DTYPE) / WIDTH ** 0.5
+    b = torch.randn(DIM, device="cuda", dtype=DTYPE)
+    return sets, w, b, bytes_per_set
+
+
+def bench(batch, layout, copy_gbps, peer, with_indices):
+    sets, w, b, nbytes = make_sets(batch, layout, with_indices)
+    row = dict(batch=batch, dim=DIM, layout=layout, indices=with_indices)
+
+    def ours(x, s, i):
+        return cc1d.causal_conv1d_update(x, s, w, b, activation="silu", conv_state_indices=i)
+
+    us = graph_time_us([lambda a=a: ours(*a) for a in sets])
+    row.update(cc1d_us=us, cc1d_frac=nbytes / (us * 1e-6) / 1e9 / copy_gbps,
+               cc1d_eager_us=host_time_us(lambda: ours(*sets[0]), calls=2000))
+    if peer is not None:
+        def theirs(x, s, i):
+            return peer(x, s, w, b, activation="silu", conv_state_indices=i) if i is not None else \
+                peer(x, s, w, b, activation="silu")
+        try:
+            us = graph_time_us([lambda a=a: theirs(*a) for a in sets])
+            row.update(peer_us=us, peer_frac=nbytes / (us * 1e-6) / 1e9 / copy_gbps,
+                       peer_eager_us=host_time_us(lambda: theirs(*sets[0]), calls=2000))
+        except Exception as exc:  # the peer refuses some layouts
+            row.update(peer_error=str(exc)[:200])
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--indices", action="store_true", help="also with conv_state_indices (a shuffled pool)")
+    args = ap.parse_args()
+    copy_gbps = copy_ceiling_gbps()
+    peer = _peer()
+    rows = [bench(bt, layout, copy_gbps, peer, ind) for layout in ("cl", "cf") for ind in
+            ((False, True) if args.indices else (False,)) for bt in BATCHES]
+    dev = torch.cuda.get_device_name()
+    print(f"\n{dev}; copy ceiling {copy_gbps:.0f} GB/s; causal_conv1d "
+          f"{'installed' if peer else 'not installed'}; dim {DIM}, width {WIDTH}, bf16, bias, SiLU\n")
+    print("| state layout | indices | batch | cc1d graph µs | cc1d % copy | cc1d eager µs/call | "
+          "peer graph µs | peer % copy | peer eager µs/call |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        peer_cols = (f"{r['peer_us']:.2f} | {100 * r['peer_frac']:.0f} % | {r['peer_eager_us']:.1f}"
+                     if "peer_us" in r else "— | — | —")
+        print(f"| {r['layout']} | {'yes' if r['indices'] else 'no'} | {r['batch']} | {r['cc1d_us']:.2f} | "
+              f"{100 * r['cc1d_frac']:.0f} % | {r['cc1d_eager_us']:.1f} | {peer_cols} |")
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(dict(device=dev, copy_gbps=copy_gbps, host=platform.node(), rows=rows), fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+// Decode-update entry points (cc1d.h, causal_conv1d_update): check, decide
+// (dispatch.h, op "upd"), launch one kernel on the caller's stream.
+#include "cc1d/cc1d.h"
+#include "dispatch.h"
+#include "tuning_db.h"
+
+namespace cc1d {
+namespace {
+
+Call upd_call(const UpdArgs& a, Layout layout) {
+  const UpdParams& p = a.p;
+  Call c;
+  c.op = Op::upd;
+  c.layout = layout;
+  c.x_dtype = a.x_dtype;
+  c.w_dtype = a.w_dtype;
+  c.width = a.width;
+  c.batch = p.batch;
+  c.dim = p.dim;
+  c.seqlen = p.seqlen;
+  // cache_seqlens, conv_state_indices and num_accepted_tokens are run-time
+  // branches of every kernel, not part of the tuned shape.
+  c.features = (p.bias ? kBias : 0u) | (p.silu ? kSilu : 0u);
+  c.align = upd_alignment(a);
+  return c;
+}
+
+std::shared_ptr<const Decision> decide_for(const UpdArgs& args, const std::string& arch) {
+  const Layout layout = validate_upd(args);
+  return decide(upd_call(args, layout), arch_id_for(arch, args.p.x));
+}
+
+void launch_on(const Location& l, const KernelVariant& v, const UpdArgs& a) {
+  Backend* backend = l.backend;
+  void* function = functions_on(l, v, /*with_reduce=*/false).kernel;
+  const Dim3 max = backend->max_grid(l.device);
+  // tile_d channels and tile_l batch rows per block.
+  const Dim3 grid{grid_dim(a.p.dim, v.tile_d, max.x), grid_dim(a.p.batch, v.tile_l, max.y), 1};
+  UpdParams params = a.p;
+  backend->launch(function, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), a.stream, &params,
+                  sizeof params);
+}
+
+}  // namespace
+
+void causal_conv1d_update(const UpdArgs& args) {
+  const Layout layout = validate_upd(args);
+  const Location l = locate(args.p.x);
+  if (l.device < 0) throw_no_device(args.p.x);
+  const std::shared_ptr<const Decision> d = decide(upd_call(args, layout), arch_id_of(l));
+  launch_on(l, *d->variant, args);
+}
+
+KernelVariant select_upd(const UpdArgs& args, const std::string& arch) {
+  return *decide_for(args, arch)->variant;
+}
+
+Explanation explain_upd(const UpdArgs& args, const std::string& arch) {
+  return explanation_of(*decide_for(args, arch));
+}
+
+Explanation prepare_upd(const UpdArgs& args, int device) {
+  const Layout layout = validate_upd(args);
+  const Location l = prepare_location(args.p.x, device);
+  const std::shared_ptr<const Decision> d = decide(upd_call(args, layout), arch_id_of(l));
+  functions_on(l, *d->variant, /*with_reduce=*/false);
+  return explanation_of(*d);
+}
+
+void launch_upd(const KernelVariant& v, const UpdArgs& args) {
+  const Layout layout = validate_upd(args);
+  check_variant_shape(v);
+  char family[kFamilyBufSize];
+  check_variant_serves(v, family, upd_family(args, layout, family));
+  const int align = upd_alignment(args);
+  if (align % v.align_bytes != 0)
+    throw InvalidArgument("variant " + v.key + " needs x/out/conv_state base addresses and batch/token strides "
+                          "aligned to " + std::to_string(v.align_bytes) + " bytes, the call gives " +
+                          std::to_string(align));
+  const Location l = locate(args.p.x);
+  if (l.device < 0) throw_no_device(args.p.x);
+  launch_on(l, v, args);
+}
+
+}  // namespace cc1d

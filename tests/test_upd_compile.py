@@ -1,0 +1,50 @@
+"""The decode update's kernels compile: the pairwise covering set of both upd
+spaces and every untuned (catalog) upd kernel for NVRTC sm_90, the latter with
+no local memory; hipRTC gfx942/gfx90a through rocm-trixie.sh (marker amd).
+test_compile_nvidia/amd cover every op together; these run the update alone."""
+from __future__ import annotations
+
+import pytest
+
+from cc1d.generator import default_variant, fallback_chain, families
+
+from covering import axis_values, covering_variants
+from test_compile_amd import _assert_no_scratch, _compile_batch, trixie  # noqa: F401 (fixture)
+from test_compile_nvidia import _check
+
+UPD = families("upd")
+
+
+def test_upd_space_counts():
+    assert len(UPD) == 2 * 5 * 7
+    assert {f.layout for f in UPD} == {"cf", "cl"}
+
+
+@pytest.mark.parametrize("layout", ["cf", "cl"])
+def test_upd_covering_set_covers_every_value_and_pair(layout):
+    chosen = covering_variants("upd", layout)
+    for axis, vals in axis_values("upd", layout).items():
+        got = {dict((("dtypes", (v.family.x_dtype, v.family.w_dtype)),
+                     ("width", v.family.width), *v.config))[axis] for v in chosen}
+        assert got == vals, axis
+
+
+def test_upd_covering_set_compiles_for_sm90(nvrtc):
+    _check(nvrtc, [*covering_variants("upd", "cf"), *covering_variants("upd", "cl")], may_spill=lambda v: True)
+
+
+def test_untuned_upd_kernels_compile_for_sm90_without_spills(nvrtc):
+    chains = sorted({v for f in UPD for v in fallback_chain(f)}, key=lambda v: v.key())
+    _check(nvrtc, chains, may_spill=lambda v: False)
+
+
+@pytest.mark.amd
+@pytest.mark.parametrize("target", ["gfx942", "gfx90a"])
+def test_upd_covering_set_and_defaults_compile_for_amd(trixie, target):  # noqa: F811
+    chosen = [*covering_variants("upd", "cf", target), *covering_variants("upd", "cl", target)]
+    defaults = {default_variant(f, target).key() for f in UPD}
+    chosen += [v for f in UPD for v in fallback_chain(f, target) if v not in chosen]
+    results = _compile_batch(trixie, target, chosen)
+    failed = [f"{r['key']}: {r['log'][-1500:]}" for r in results if not r["ok"]]
+    assert not failed, "\n".join(failed)
+    _assert_no_scratch([r for r in results if r["key"] in defaults])

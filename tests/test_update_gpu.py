@@ -1,0 +1,325 @@
+"""GPU: causal_conv1d_update against the float64 reference (cc1d.reference.
+causal_conv1d_update_ref): every covering variant with NaN-poisoned outputs,
+every feature combination, padded slots, circular buffers with wrap-around,
+state pools with repeated and out-of-order indices, vLLM's speculative window,
+multi-token calls equal to single tokens one after another, torch.compile, and
+100 calls captured in a CUDA graph replayed with new inputs."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")]
+
+import cc1d  # noqa: E402
+from cc1d.reference import causal_conv1d_update_ref  # noqa: E402
+from cc1d.update import _upd_call_args  # noqa: E402
+
+from conftest import precompile  # noqa: E402
+from covering import covering_variants  # noqa: E402
+
+DT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+PAIRS = (("f32", "f32"), ("f16", "f16"), ("f16", "f32"), ("bf16", "bf16"), ("bf16", "f32"))
+TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
+DEV = "cuda"
+
+
+@pytest.fixture(scope="module")
+def rt():
+    from cc1d._runtime import runtime
+    return runtime()
+
+
+def _gen(seed):
+    return torch.Generator(device=DEV).manual_seed(seed)
+
+
+def make(batch, dim, seqlen, state_len, width, x_dtype, w_dtype, *, layout="cl", pool=None, bias=True,
+         two_d=None, seed=0):
+    """Fresh random inputs; conv_state (pool, dim, state_len) with state_len ("cf") or dim ("cl") contiguous."""
+    g = _gen(seed)
+    pool = batch if pool is None else pool
+    two_d = seqlen == 1 if two_d is None else two_d
+    x = torch.randn(batch, dim, generator=g, device=DEV) if two_d else \
+        torch.randn(batch, dim, seqlen, generator=g, device=DEV)
+    if layout == "cf":
+        state = torch.randn(pool, dim, state_len, generator=g, device=DEV)
+    else:
+        state = torch.randn(pool, state_len, dim, generator=g, device=DEV).transpose(1, 2)
+    w = torch.randn(dim, width, generator=g, device=DEV) / width ** 0.5
+    b = torch.randn(dim, generator=g, device=DEV) if bias else None
+    return (x.to(DT[x_dtype]), state.to(DT[x_dtype]), w.to(DT[w_dtype]),
+            None if b is None else b.to(DT[w_dtype]))
+
+
+def rel_l2(got, want):
+    got, want = got.double(), want.double()
+    assert not torch.isnan(got).any(), "NaN in the output (unwritten or poisoned element)"
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def reference(x, state, w, b, **kw):
+    """(out in float64, the expected state) without touching `state`."""
+    want_state = state.clone()
+    out = causal_conv1d_update_ref(x, want_state, w.double(), None if b is None else b.double(),
+                                   out_dtype=torch.float64, **kw)
+    return out, want_state
+
+
+def check(x, state, w, b, **kw):
+    """The public call against the reference: outputs within tolerance, state bitwise."""
+    want_out, want_state = reference(x, state, w, b, **kw)
+    out = cc1d.causal_conv1d_update(x, state, w, b, **kw)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    err = rel_l2(out, want_out)
+    assert err < TOL[x.dtype], err
+    assert torch.equal(state, want_state), "conv_state differs from the reference"
+    return out
+
+
+def _bits(t):
+    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
+
+
+# ---- every covering variant, launched as itself, NaN-poisoned outputs ----------
+
+def test_every_covering_variant_matches_the_reference(rt):
+    target = rt.device_target("hip" if torch.version.hip else "cuda", torch.cuda.current_device())
+    chosen = [*covering_variants("upd", "cf", target), *covering_variants("upd", "cl", target)]
+    precompile(rt, [v.source for v in chosen], target)
+    failures = []
+    for i, v in enumerate(chosen):
+        f = v.family
+        g = v.geometry()
+        dim = 2 * g["tile_d"] + 8  # not a multiple of the tile; rows stay 16-byte aligned
+        batch = 2 * g["tile_l"] + 1
+        seqlen = (1, 3)[i % 2]
+        # >= 2: a (pool, dim, 1) state has dim contiguous too, and would read as "cl"
+        state_len = max(2, f.width - 1 + (i % 3))
+        mode = i % 4  # plain, cache_seqlens, indices, indices + num_accepted_tokens
+        x, state, w, b = make(batch, dim, seqlen, state_len, f.width, f.x_dtype, f.w_dtype, layout=f.layout,
+                              pool=batch + 3, bias=i % 2 == 0, seed=i)
+        kw = dict(activation="silu" if i % 3 else None)
+        if mode == 1:
+            kw["cache_seqlens"] = torch.randint(0, 50, (batch,), dtype=torch.int32, device=DEV)
+        if mode >= 2:
+            kw["conv_state_indices"] = torch.randperm(batch + 3, device=DEV)[:batch].to(torch.int32)
+            kw["conv_state_indices"][1] = -1  # a padded row
+        if mode == 3:
+            kw["num_accepted_tokens"] = torch.randint(1, seqlen + 1, (batch,), dtype=torch.int32, device=DEV)
+        want_out, want_state = reference(x, state, w, b, **kw)
+        out = torch.full_like(x, float("nan"))
+        args = _upd_call_args(x, state, w, b, kw.get("cache_seqlens"), kw.get("conv_state_indices"),
+                              kw.get("num_accepted_tokens"), out, -1, kw["activation"] is not None)
+        rt.launch_upd(v.as_runtime_dict(), *args, torch.cuda.current_stream().cuda_stream)
+        torch.cuda.synchronize()
+        err = rel_l2(out, want_out) if not torch.isnan(out).any() else float("nan")
+        if not err < TOL[x.dtype] or not torch.equal(state, want_state):
+            failures.append(f"{v.key()} (dim {dim}, batch {batch}, seqlen {seqlen}, state_len {state_len}, "
+                            f"mode {mode}): out error {err}, state equal {torch.equal(state, want_state)}")
+    assert not failures, "\n".join(failures)
+
+
+# ---- every feature combination through the public API --------------------------
+
+@pytest.mark.parametrize("mode", ["plain", "cache_seqlens", "indices", "accepted"])
+@pytest.mark.parametrize("layout", ["cf", "cl"])
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}w{p[1]}")
+@pytest.mark.parametrize("seqlen", [1, 4])
+def test_features(pair, layout, mode, seqlen):
+    for bias, act in itertools.product((False, True), (None, "silu")):
+        width = 4
+        state_len = width - 2 + seqlen if mode == "accepted" else width - 1 + (seqlen > 1) * 2
+        batch, pool = 7, 11
+        x, state, w, b = make(batch, 200, seqlen, state_len, width, *pair, layout=layout, pool=pool, bias=bias,
+                              seed=hash((pair, layout, mode, seqlen, bias, act)) % 1000)
+        kw = dict(activation=act)
+        if mode == "cache_seqlens":
+            kw["cache_seqlens"] = torch.randint(0, 3 * state_len, (batch,), dtype=torch.int32, device=DEV)
+        if mode in ("indices", "accepted"):
+            kw["conv_state_indices"] = torch.randperm(pool, device=DEV)[:batch].to(torch.int32)
+        if mode == "accepted":
+            kw["num_accepted_tokens"] = torch.randint(1, seqlen + 1, (batch,), dtype=torch.int32, device=DEV)
+        check(x, state, w, b, **kw)
+
+
+@pytest.mark.parametrize("width", range(2, 9))
+@pytest.mark.parametrize("layout", ["cf", "cl"])
+def test_every_width_and_odd_sizes(width, layout):
+    # dim 37: no vector divides it (the general fallback), state_len past width-1
+    for dim, state_len, seqlen in ((37, width - 1, 1), (37, width + 3, 2), (4096 + 8, width - 1, 1)):
+        x, state, w, b = make(5, dim, seqlen, state_len, width, "bf16", "f32", layout=layout, seed=width)
+        check(x, state, w, b, activation=True)
+
+
+def test_activation_spellings_and_the_peer_return_shapes():
+    x, state, w, b = make(3, 64, 1, 3, 4, "f32", "f32")
+    outs = []
+    for act in ("silu", "swish", True):
+        s = state.clone()
+        outs.append(cc1d.causal_conv1d_update(x, s, w, b, activation=act))
+    assert outs[0].shape == (3, 64) and all(torch.equal(o, outs[0]) for o in outs)
+    x3 = x.unsqueeze(-1)
+    assert cc1d.causal_conv1d_update(x3, state.clone(), w, b).shape == (3, 64, 1)
+
+
+# ---- padded slots, circular buffers, pools ---------------------------------------
+
+@pytest.mark.parametrize("layout", ["cf", "cl"])
+def test_padded_slots_output_zero_and_leave_the_state_untouched(layout):
+    batch, pool, pad = 6, 5, 1000
+    x, state, w, b = make(batch, 96, 2, 5, 4, "bf16", "bf16", layout=layout, pool=pool)
+    before = state.clone()
+    idx = torch.tensor([pad, 2, -3, 4, pool + 7, pad], dtype=torch.int32, device=DEV)
+    out = check(x, state, w, b, activation="silu", conv_state_indices=idx, pad_slot_id=pad)
+    for row in (0, 2, 4, 5):
+        assert torch.equal(out[row], torch.zeros_like(out[row])), row
+    for slot in (0, 1, 3):  # named by no live row
+        assert torch.equal(_bits(state[slot]), _bits(before[slot])), slot
+    assert not torch.equal(state[2], before[2]) and not torch.equal(state[4], before[4])
+
+
+@pytest.mark.parametrize("layout", ["cf", "cl"])
+@pytest.mark.parametrize("seqlen", [1, 3, 9])  # 9 > state_len: the buffer wraps within one call
+def test_circular_buffer_wraps_around(layout, seqlen):
+    state_len = 6
+    x, state, w, b = make(6, 80, seqlen, state_len, 4, "f16", "f32", layout=layout, seed=seqlen)
+    seqlens = torch.tensor([0, 1, 5, 6, 13, 2 ** 20 + 3], dtype=torch.int32, device=DEV)
+    check(x, state, w, b, activation="silu", cache_seqlens=seqlens)
+
+
+@pytest.mark.parametrize("layout", ["cf", "cl"])
+def test_pool_with_repeated_and_out_of_order_indices(layout):
+    """Repeated indices mean: rows naming one slot run one after another in batch order,
+    each seeing the state the previous one left (as separate calls would)."""
+    batch, pool = 7, 5
+    x, state, w, b = make(batch, 130, 2, 4, 4, "bf16", "f32", layout=layout, pool=pool, seed=3)
+    idx = torch.tensor([3, 0, 3, 2, 0, 3, 4], dtype=torch.int32, device=DEV)
+    s0 = state.clone()
+    out = check(x, state, w, b, activation="silu", conv_state_indices=idx)
+    # the same as one call per row, in order
+    seq_state = s0.clone()
+    for row in range(batch):
+        one = cc1d.causal_conv1d_update(x[row:row + 1], seq_state, w, b, activation="silu",
+                                        conv_state_indices=idx[row:row + 1])
+        assert torch.equal(one[0], out[row]), row
+    assert torch.equal(seq_state, state)
+    assert torch.equal(_bits(state[1]), _bits(s0[1]))  # never named
+
+
+# ---- speculative decoding (vLLM's num_accepted_tokens) ------------------------------
+
+@pytest.mark.parametrize("layout", ["cf", "cl"])
+@pytest.mark.parametrize("width", [2, 4, 6])
+def test_num_accepted_tokens(layout, width):
+    seqlen = 4  # 1 + 3 draft tokens; vLLM's state_len = width - 2 + seqlen
+    state_len = width - 2 + seqlen
+    batch = 9
+    x, state, w, b = make(batch, 160, seqlen, state_len, width, "bf16", "bf16", layout=layout, pool=12,
+                          seed=width)
+    idx = torch.randperm(12, device=DEV)[:batch].to(torch.int32)
+    # in range 1..seqlen, and out of range (clamped: 0 -> 1, 50 -> seqlen)
+    acc = torch.tensor([1, 2, 3, 4, 0, 50, 4, 1, 2], dtype=torch.int32, device=DEV)
+    check(x, state, w, b, activation="silu", conv_state_indices=idx, num_accepted_tokens=acc)
+
+
+def test_all_accepted_equals_the_plain_update():
+    # vLLM's window with every token accepted is the peer's last width-1 entries.
+    x, state, w, b = make(4, 64, 3, 5, 4, "f32", "f32", layout="cl")
+    s_plain = state.clone()
+    out_spec = cc1d.causal_conv1d_update(x, state, w, b, num_accepted_tokens=torch.full(
+        (4,), 3, dtype=torch.int32, device=DEV))
+    x2 = torch.randn_like(x)
+    out_a = cc1d.causal_conv1d_update(x2, state, w, b, num_accepted_tokens=torch.full(
+        (4,), 3, dtype=torch.int32, device=DEV))
+    cc1d.causal_conv1d_update(x, s_plain, w, b)
+    out_b = cc1d.causal_conv1d_update(x2, s_plain, w, b)
+    assert torch.equal(out_a, out_b) and torch.equal(state, s_plain)
+    assert out_spec.shape == x.shape
+
+
+# ---- multi-token = single tokens one after another --------------------------------
+
+@pytest.mark.parametrize("layout", ["cf", "cl"])
+@pytest.mark.parametrize("circular", [False, True])
+def test_multi_token_equals_single_tokens_in_turn(layout, circular):
+    seqlen, state_len = 5, 7
+    x, state, w, b = make(6, 200, seqlen, state_len, 4, "bf16", "f32", layout=layout, seed=9)
+    seqlens = torch.tensor([0, 3, 6, 7, 11, 100], dtype=torch.int32, device=DEV) if circular else None
+    s_single = state.clone()
+    out = cc1d.causal_conv1d_update(x, state, w, b, activation="silu", cache_seqlens=seqlens)
+    for t in range(seqlen):
+        one = cc1d.causal_conv1d_update(x[:, :, t], s_single, w, b, activation="silu",
+                                        cache_seqlens=None if seqlens is None else seqlens + t)
+        assert torch.equal(one, out[:, :, t]), t
+    assert torch.equal(s_single, state)
+
+
+# ---- torch.compile and CUDA graphs ---------------------------------------------------
+
+def test_torch_compile_keeps_the_mutation():
+    x, state, w, b = make(8, 256, 1, 3, 4, "bf16", "bf16", layout="cl")
+    s_eager = state.clone()
+    idx = torch.randperm(8, device=DEV).to(torch.int32)
+
+    def step(x, s):
+        return cc1d.causal_conv1d_update(x, s, w, b, activation="silu", conv_state_indices=idx) * 2
+
+    out = torch.compile(step, fullgraph=True)(x, state)
+    want = step(x, s_eager)
+    assert torch.equal(out, want) and torch.equal(state, s_eager)
+
+
+@pytest.mark.parametrize("layout", ["cf", "cl"])
+def test_cuda_graph_of_100_updates_replays_like_eager_calls(layout):
+    calls, batch, dim, pool = 100, 16, 512, 24
+    x, state, w, b = make(batch, dim, 1, 3, 4, "bf16", "f32", layout=layout, pool=pool)
+    xs = torch.randn(calls, batch, dim, device=DEV).to(torch.bfloat16)
+    idx = torch.randperm(pool, device=DEV)[:batch].to(torch.int32)
+    idx[3] = -1  # a padded row
+    kw = dict(activation="silu", conv_state_indices=idx)
+    cc1d.causal_conv1d_update(xs[0], state.clone(), w, b, **kw)  # loads the kernel
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    outs = []
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            outs.append(cc1d.causal_conv1d_update(xs[i], state, w, b, **kw))
+    # new inputs and a new starting state, then replay
+    xs.copy_(torch.randn(calls, batch, dim, device=DEV).to(torch.bfloat16))
+    s0 = torch.randn(pool, 3, dim, device=DEV).to(torch.bfloat16).transpose(1, 2) if layout == "cl" else \
+        torch.randn(pool, dim, 3, device=DEV).to(torch.bfloat16)
+    state.copy_(s0)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager_state = s0.clone()
+    for i in range(calls):
+        want = cc1d.causal_conv1d_update(xs[i], eager_state, w, b, **kw)
+        assert torch.equal(outs[i], want), i
+    assert torch.equal(state, eager_state)
+    # and the graph's results are the reference's
+    ref_state = s0.clone()
+    for i in range(calls):
+        want64 = causal_conv1d_update_ref(xs[i], ref_state, w.double(), b.double(), out_dtype=torch.float64,
+                                          **kw)
+        if i % 25 == 0:
+            assert rel_l2(outs[i], want64) < TOL[torch.bfloat16], i
+    assert torch.equal(state, ref_state)
+
+
+def test_warmup_update_loads_the_kernel_calls_use():
+    x, state, w, b = make(64, 5120, 1, 3, 4, "bf16", "bf16", layout="cl")
+    e = cc1d.warmup_update(64, 5120, dtype=torch.bfloat16, width=4)
+    stats = cc1d.dispatch_stats()
+    cc1d.causal_conv1d_update(x, state, w, b, activation="silu")
+    torch.cuda.synchronize()
+    assert cc1d.dispatch_stats() == stats
+    assert e["key"].startswith("upd.cl.bf16wbf16.w4.")
+
+
+def test_explain_update_names_the_state_layout():
+    x, state, w, b = make(2, 64, 1, 3, 4, "bf16", "f32", layout="cf")
+    assert cc1d.explain_update(x, state, w, b)["key"].startswith("upd.cf.bf16wf32.w4.")
