@@ -122,6 +122,10 @@ VarlenArgs make_varlen_args(const VarlenPtrs& ptrs, const VarlenSizes& sizes, co
   a.x_dtype = static_cast<DType>(x_dtype);
   a.w_dtype = static_cast<DType>(w_dtype);
   a.width = int(sizes[8]);
+  a.stream = as_ptr<void>(stream);
+  return a;
+}
+
 UpdArgs make_upd_args(const UpdPtrs& ptrs, const UpdSizes& sizes, const UpdStrides& s, int64_t pad_slot_id,
                       int x_dtype, int w_dtype, bool silu, int64_t stream) {
   UpdArgs a;

@@ -413,6 +413,9 @@ int varlen_alignment(const VarlenArgs& a, Layout layout) {
   uint64_t bits = reinterpret_cast<uintptr_t>(p.x) | uint64_t(cf ? p.x_dim_stride : p.x_l_stride) * es;
   if (p.out)
     bits |= reinterpret_cast<uintptr_t>(p.out) | uint64_t(cf ? p.out_dim_stride : p.out_l_stride) * es;
+  return low_bit_cap(bits, 256);
+}
+
 // ---- decode update ----------------------------------------------------------
 
 namespace {
