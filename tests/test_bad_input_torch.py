@@ -225,7 +225,7 @@ def bwd_reference(t: dict):
     out = cc1d.causal_conv1d_ref(x, w, b, initial_states=s, activation=t.get("activation"),
                                  seq_idx=t.get("seq_idx"))
     (out * t["dout"].double()).sum().backward()
-    return x.grad, w.grad, b.grad
+    return x.grad, w.grad, None if b is None else b.grad
 
 
 def rel_l2(got, want) -> float:

@@ -235,8 +235,8 @@ def test_cuda_graph_replay_with_new_inputs_equals_eager(layout):
     assert cc1d.dispatch_stats() == before, "the captured call decided or loaded again"
     for seed, lens in ((21, lens_b), (22, lens_a)):
         new = make_case(seed, layout=layout, lens=lens, state_len=5)
-        for k in ("x", "cu_seqlens", "conv_states", "cache_indices", "has_initial_state"):
-            static[k].copy_(new[k])
+        for k in ("x", "weight", "bias", "cu_seqlens", "conv_states", "cache_indices", "has_initial_state"):
+            static[k].copy_(new[k])  # every input the graph reads: new weights too
         want_out, want_pool = expected(new)
         graph.replay()
         torch.cuda.synchronize()
