@@ -38,9 +38,15 @@ from fwd_cases import rel_l2  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 modeling_mamba = importlib.import_module("transformers.models.mamba.modeling_mamba")
-if not hasattr(modeling_mamba, "lazy_load_kernel"):
-    pytest.skip(f"transformers {transformers.__version__}: modeling_mamba does not load kernels through "
-                "lazy_load_kernel (this test covers transformers 5.x)", allow_module_level=True)
+# Two ways transformers 5.x binds causal_conv1d: lazy_load_kernel at call time (early 5.x),
+# or, from about 5.15, use_kernel_func_from_hub_with_fallback at import time, which imports
+# the package while modeling_mamba is imported (so the module is re-imported after the alias
+# is installed; see the "decorator" tests at the end).
+LAZY = hasattr(modeling_mamba, "lazy_load_kernel")
+DECORATED = hasattr(modeling_mamba, "use_kernel_func_from_hub_with_fallback")
+if not (LAZY or DECORATED):
+    pytest.skip(f"transformers {transformers.__version__}: modeling_mamba binds causal_conv1d in a way this "
+                "test does not know", allow_module_level=True)
 
 
 # ---- mamba_ssm stand-ins (plain PyTorch, float32 state) --------------------------------
@@ -102,6 +108,8 @@ def _kernel_mapping() -> dict:
 @pytest.fixture
 def cc1d_as_causal_conv1d(monkeypatch):
     """Alias installed, mamba_ssm stand-ins in transformers' kernel mapping, calls counted."""
+    if not LAZY:
+        pytest.skip(f"transformers {transformers.__version__} binds kernels at import (decorator tests)")
     from transformers.utils import import_utils
     mapping = _kernel_mapping()
     saved = dict(mapping)
@@ -191,6 +199,100 @@ def test_mamba_generate_decodes_through_causal_conv1d_update(cc1d_as_causal_conv
     with monkeypatch.context() as m:
         m.setattr(modeling_mamba, "causal_conv1d_fn", None)
         slow = model.generate(input_ids, **kwargs)
+    assert torch.equal(fast.sequences, slow.sequences)
+    for got, want in zip(fast.scores, slow.scores):
+        assert not torch.isnan(got).any()
+        assert rel_l2(got, want) < 1e-4
+
+
+# ---- transformers >= ~5.15: kernels bound by decorators when modeling_mamba is imported ------
+
+def _reimported_modeling_mamba():
+    for name in [n for n in sys.modules if n.startswith("transformers.models.mamba")]:
+        del sys.modules[name]
+    return importlib.import_module("transformers.models.mamba.modeling_mamba")
+
+
+@pytest.fixture
+def decorated_pair(monkeypatch):
+    """(cc1d's modeling_mamba, transformers' own, call counts): the module imported once with
+    cc1d installed as causal_conv1d (counting its calls) and once without any causal_conv1d,
+    so its decorators fall back to transformers' PyTorch functions."""
+    if not DECORATED:
+        pytest.skip(f"transformers {transformers.__version__} has no use_kernel_func_from_hub_with_fallback")
+    saved = {n: m for n, m in sys.modules.items() if n.startswith("transformers.models.mamba")}
+    cc1d.uninstall_causal_conv1d_alias()
+    module = cc1d.install_causal_conv1d_alias()
+    calls = {"causal_conv1d_fn": 0, "causal_conv1d_update": 0}
+    interface = importlib.import_module("causal_conv1d.causal_conv1d_interface")
+    for name in calls:
+        real = getattr(module, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+        # both places a decorator may resolve it from (the package, or its interface module)
+        monkeypatch.setattr(module, name, counted)
+        monkeypatch.setattr(interface, name, counted)
+    try:
+        with_cc1d = _reimported_modeling_mamba()
+        cc1d.uninstall_causal_conv1d_alias()
+        for n in [n for n in sys.modules if n == "causal_conv1d" or n.startswith("causal_conv1d.")]:
+            del sys.modules[n]
+        own = _reimported_modeling_mamba()
+        yield with_cc1d, own, calls
+    finally:
+        cc1d.uninstall_causal_conv1d_alias()
+        for name in [n for n in sys.modules if n.startswith("transformers.models.mamba")]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+def _config():
+    return transformers.MambaConfig(vocab_size=101, hidden_size=48, state_size=8, num_hidden_layers=2,
+                                    conv_kernel=4, expand=2, use_conv_bias=True, use_bias=False,
+                                    eos_token_id=None, pad_token_id=0, bos_token_id=None)
+
+
+def _twin_models(with_cc1d, own):
+    """The same random weights in a model of each module."""
+    torch.manual_seed(0)
+    a = with_cc1d.MambaForCausalLM(_config()).to("cuda", torch.float32).eval()
+    with torch.no_grad():
+        for layer in a.backbone.layers:
+            layer.mixer.conv1d.bias.normal_(0, 0.1)
+    b = own.MambaForCausalLM(_config()).to("cuda", torch.float32).eval()
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+def test_decorated_mamba_forward_backward_through_cc1d(decorated_pair):
+    with_cc1d, own, calls = decorated_pair
+    a, b = _twin_models(with_cc1d, own)
+    input_ids = torch.randint(1, 101, (3, 45), device="cuda")
+    logits, grads = _forward_backward(a, input_ids)
+    assert calls["causal_conv1d_fn"] >= 2, (
+        f"transformers {transformers.__version__} did not call causal_conv1d_fn ({calls}): its MambaMixer "
+        f"takes the kernel path only with other kernels present")
+    n = dict(calls)
+    want_logits, want_grads = _forward_backward(b, input_ids)
+    assert calls == n, "the model of transformers' own module called cc1d"
+    assert not torch.isnan(logits).any()
+    assert rel_l2(logits, want_logits) < 1e-4
+    assert set(grads) == set(want_grads) and any("conv1d" in k for k in grads)
+    for k in want_grads:
+        assert not torch.isnan(grads[k]).any(), k
+        assert rel_l2(grads[k], want_grads[k]) < 1e-3, k
+
+
+def test_decorated_mamba_generate_through_causal_conv1d_update(decorated_pair):
+    with_cc1d, own, calls = decorated_pair
+    a, b = _twin_models(with_cc1d, own)
+    input_ids = torch.randint(1, 101, (2, 13), device="cuda")
+    kwargs = dict(max_new_tokens=6, do_sample=False, output_scores=True, return_dict_in_generate=True)
+    fast = a.generate(input_ids, **kwargs)
+    assert calls["causal_conv1d_fn"] >= 2 and calls["causal_conv1d_update"] >= 2 * 5, calls
+    slow = b.generate(input_ids, **kwargs)
     assert torch.equal(fast.sequences, slow.sequences)
     for got, want in zip(fast.scores, slow.scores):
         assert not torch.isnan(got).any()
