@@ -101,12 +101,25 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def update_table(res: dict) -> list[str]:
-    cols = [c for c in ("eager_us", "graph_us", "frac", "peer_graph_us", "peer_eager_us") if
-            any(c in r for r in res["rows"])]
-    lines = ["| batch | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    """bench_update.py's rows: graph-timed device µs, eager µs per call, % of copy; vLLM's
+    numbers (ANCHORS.md, H100) beside them for scale."""
+    vllm = {1: 2.3, 16: 2.8, 64: 4.2, 256: 10.9}
+    lines = ["| batch | state layout | pool indices | cc1d µs (graph) | cc1d % of copy | cc1d eager µs | "
+             "peer µs (same run) | vLLM µs (ANCHORS) |", "|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
-        vals = [(_pct(r.get(c)) if c == "frac" else _us(r.get(c))) for c in cols]
-        lines.append(f"| {r.get('batch')} | " + " | ".join(vals) + " |")
+        lay = {"cl": "dim-contiguous (vLLM)", "cf": "state-contiguous (peer)"}.get(r.get("layout"), "?")
+        lines.append(f"| {r['batch']} | {lay} | {'yes' if r.get('indices') else 'no'} | {_us(r.get('cc1d_us'))} | "
+                     f"{_pct(r.get('cc1d_frac'))} | {_us(r.get('cc1d_eager_us'))} | {_us(r.get('peer_us'))} | "
+                     f"{vllm.get(r['batch'], '—')} |")
+    return lines
+
+
+def varlen_table(res: dict) -> list[str]:
+    lines = ["| layout | sequences | tokens | cc1d µs | % of copy | without max_seqlen µs | "
+             "causal_conv1d_fn + seq_idx µs |", "|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        lines.append(f"| {r['layout']} | {r['num_seqs']} | {r['total_tokens']} | {_us(r.get('cc1d_us'))} | "
+                     f"{_pct(r.get('cc1d_frac'))} | {_us(r.get('cc1d_nobound_us'))} | {_us(r.get('fwd_seqidx_us'))} |")
     return lines
 
 
@@ -123,10 +136,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fwd")
     ap.add_argument("--bwd")
     ap.add_argument("--update")
+    ap.add_argument("--varlen")
     ap.add_argument("--overhead")
     ap.add_argument("--out", default="docs")
     args = ap.parse_args(argv)
-    fwd, bwd, upd, ovh = (_load(p) for p in (args.fwd, args.bwd, args.update, args.overhead))
+    fwd, bwd, upd, vl, ovh = (_load(p) for p in (args.fwd, args.bwd, args.update, args.varlen, args.overhead))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = rows_of(fwd, bwd)
@@ -145,16 +159,19 @@ def main(argv: list[str] | None = None) -> None:
             "![% of copy per case](performance.png)", "", "## Forward and backward", ""]
     text += table(rows)
     if upd:
-        text += ["", "## Decode update (µs per call)", ""] + update_table(upd)
+        text += ["", "## Decode update (dim 5120, width 4, bf16, bias, SiLU)", ""] + update_table(upd)
+    if vl:
+        text += ["", "## Varlen prefill (dim 5120, width 4, bf16)", ""] + varlen_table(vl)
     if ovh:
         text += ["", "## Host overhead", ""] + overhead_table(ovh)
     text += ["", "## Commands", "", "```",
              "python benchmarks/bench_fwd.py --out bench_fwd.json",
              "python benchmarks/bench_bwd.py --out bench_bwd.json",
-             "python benchmarks/bench_update.py --out bench_update.json",
+             "python benchmarks/bench_update.py --indices --out bench_update.json",
+             "python benchmarks/bench_varlen.py --out bench_varlen.json",
              "python benchmarks/bench_overhead.py --out bench_overhead.json",
              "python benchmarks/perf_report.py --fwd bench_fwd.json --bwd bench_bwd.json "
-             "--update bench_update.json --overhead bench_overhead.json --out docs", "```", ""]
+             "--update bench_update.json --varlen bench_varlen.json --overhead bench_overhead.json --out docs", "```", ""]
     (out / "PERFORMANCE.md").write_text("\n".join(text))
     if rows:
         plot(rows, out / "performance.png")

@@ -49,13 +49,14 @@ SAMPLE = 4  # tuned-space variants per family beyond its fallback chain (without
 
 
 def plan(ops=tuple(SHAPES), *, everything: bool = False, sample: int = SAMPLE, arch: str = "sm_90",
-         seed: int = 0) -> list[dict]:
-    """[{op, family, variant}]: each family's fallback chain, plus `sample` of its space (or all of it)."""
+         seed: int = 0, match: str = "") -> list[dict]:
+    """[{op, family, variant}]: each family's fallback chain, plus `sample` of its space (or all of it);
+    `match`: only families whose key matches this regular expression (e.g. "w4$")."""
     from cc1d.generator import fallback_chain, families, variants
     rng = random.Random(seed)
     rows = []
     for fam in families():
-        if fam.op not in ops:
+        if fam.op not in ops or (match and not re.search(match, fam.key())):
             continue
         chosen = [v.key() for v in fallback_chain(fam, arch)]
         space = [v.key() for v in variants(fam, arch)]
@@ -207,13 +208,14 @@ def main(argv=None) -> int:
     p.add_argument("--ops", default=",".join(SHAPES), help="comma-separated op families")
     p.add_argument("--sample", type=int, default=SAMPLE, help="tuned-space variants per family")
     p.add_argument("--tools", default=",".join(TOOLS))
+    p.add_argument("--match", default="", help="only families whose key matches this regex, e.g. 'w4$'")
     p.add_argument("--out", default="sanitize", help="folder for sanitize.json / sanitize.md / logs")
     p.add_argument("--list", action="store_true", help="print the plan and exit (no GPU needed)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         return child(args.child)
-    rows = plan(tuple(args.ops.split(",")), everything=args.all, sample=args.sample)
+    rows = plan(tuple(args.ops.split(",")), everything=args.all, sample=args.sample, match=args.match)
     if args.list:
         for r in rows:
             print(r["family"], r["variant"])
