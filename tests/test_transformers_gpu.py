@@ -297,3 +297,34 @@ def test_decorated_mamba_generate_through_causal_conv1d_update(decorated_pair):
     for got, want in zip(fast.scores, slow.scores):
         assert not torch.isnan(got).any()
         assert rel_l2(got, want) < 1e-4
+
+
+def test_decorated_conv_calls_match_a_float64_reference(decorated_pair, monkeypatch):
+    """Each path's causal_conv1d_fn, as transformers calls it inside the model, against
+    cc1d.causal_conv1d_ref in float64: says which side a model-level difference comes from."""
+    with_cc1d, own, calls = decorated_pair
+    a, b = _twin_models(with_cc1d, own)
+    seen = {}
+    for tag, module in (("cc1d", with_cc1d), ("transformers", own)):
+        real = module.causal_conv1d_fn
+
+        def recording(x, weight, bias=None, *args, _real=real, _tag=tag, **kwargs):
+            out = _real(x, weight, bias, *args, **kwargs)
+            seen.setdefault(_tag, (x.detach().clone(), weight.detach().clone(),
+                                   None if bias is None else bias.detach().clone(), args, dict(kwargs),
+                                   out.detach().clone(), tuple(x.stride())))
+            return out
+        monkeypatch.setattr(module, "causal_conv1d_fn", recording)
+    input_ids = torch.randint(1, 101, (3, 45), device="cuda")
+    with torch.no_grad():
+        a(input_ids=input_ids, use_cache=False)
+        b(input_ids=input_ids, use_cache=False)
+    assert set(seen) == {"cc1d", "transformers"}, seen.keys()
+    errors = {}
+    for tag, (x, w, bias, args, kwargs, out, strides) in seen.items():
+        act = kwargs.get("activation")
+        want = cc1d.causal_conv1d_ref(x.double(), w.double(), None if bias is None else bias.double(),
+                                      activation=act)
+        errors[tag] = (rel_l2(out, want), strides, args, {k: v for k, v in kwargs.items() if k != "activation"}, act)
+    assert errors["cc1d"][0] < 1e-5, f"cc1d's conv inside transformers' Mamba: {errors}"
+    assert errors["transformers"][0] < 1e-5, f"transformers' own conv: {errors}"
