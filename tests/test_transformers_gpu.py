@@ -17,6 +17,7 @@ path (nn.Conv1d and its own sequential scan) on the same weights.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import sys
@@ -47,6 +48,16 @@ DECORATED = hasattr(modeling_mamba, "use_kernel_func_from_hub_with_fallback")
 if not (LAZY or DECORATED):
     pytest.skip(f"transformers {transformers.__version__}: modeling_mamba binds causal_conv1d in a way this "
                 "test does not know", allow_module_level=True)
+
+
+def _counting(real, name: str, calls: dict):
+    """real, counting its calls in calls[name], with real's signature: transformers (>= ~5.15)
+    reads the implementation's signature to decide which arguments to pass."""
+    @functools.wraps(real)
+    def counted(*args, **kwargs):
+        calls[name] += 1
+        return real(*args, **kwargs)
+    return counted
 
 
 # ---- mamba_ssm stand-ins (plain PyTorch, float32 state) --------------------------------
@@ -119,9 +130,7 @@ def cc1d_as_causal_conv1d(monkeypatch):
     for name in calls:
         real = getattr(module, name)
 
-        def counted(*args, _real=real, _name=name, **kwargs):
-            calls[_name] += 1
-            return _real(*args, **kwargs)
+        counted = _counting(real, name, calls)
         monkeypatch.setattr(module, name, counted)
     fake_ssm = types.ModuleType("mamba_ssm")
     fake_ssm.selective_scan_fn = selective_scan_fn
@@ -228,9 +237,7 @@ def decorated_pair(monkeypatch):
     for name in calls:
         real = getattr(module, name)
 
-        def counted(*args, _real=real, _name=name, **kwargs):
-            calls[_name] += 1
-            return _real(*args, **kwargs)
+        counted = _counting(real, name, calls)
         # both places a decorator may resolve it from (the package, or its interface module)
         monkeypatch.setattr(module, name, counted)
         monkeypatch.setattr(interface, name, counted)
