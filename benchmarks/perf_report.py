@@ -138,9 +138,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--update")
     ap.add_argument("--varlen")
     ap.add_argument("--overhead")
+    ap.add_argument("--peer-run", help="a bench_fwd.py JSON of another run in which the peer was installed")
     ap.add_argument("--out", default="docs")
     args = ap.parse_args(argv)
-    fwd, bwd, upd, vl, ovh = (_load(p) for p in (args.fwd, args.bwd, args.update, args.varlen, args.overhead))
+    fwd, bwd, upd, vl, ovh, pr = (_load(p) for p in (args.fwd, args.bwd, args.update, args.varlen, args.overhead,
+                                                     args.peer_run))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = rows_of(fwd, bwd)
@@ -158,6 +160,11 @@ def main(argv: list[str] | None = None) -> None:
              "empty, and ANCHORS.md's own measurement is quoted for reference."), "",
             "![% of copy per case](performance.png)", "", "## Forward and backward", ""]
     text += table(rows)
+    if pr:
+        text += ["", f"## Side by side with causal-conv1d (another run: {pr.get('device', '?')}, copy "
+                 f"{pr.get('copy_gbps', 0):.0f} GB/s)", "",
+                 "The peer (causal-conv1d 1.6.1, built from its sdist for sm_90) was installed in this run only; "
+                 "both were timed in it, so the ratio is a same-run ratio.", ""] + table(rows_of(pr, None))
     if upd:
         text += ["", "## Decode update (dim 5120, width 4, bf16, bias, SiLU)", ""] + update_table(upd)
     if vl:
@@ -171,7 +178,8 @@ def main(argv: list[str] | None = None) -> None:
              "python benchmarks/bench_varlen.py --out bench_varlen.json",
              "python benchmarks/bench_overhead.py --out bench_overhead.json",
              "python benchmarks/perf_report.py --fwd bench_fwd.json --bwd bench_bwd.json "
-             "--update bench_update.json --varlen bench_varlen.json --overhead bench_overhead.json --out docs", "```", ""]
+             "--update bench_update.json --varlen bench_varlen.json --overhead bench_overhead.json "
+             "[--peer-run a bench_fwd.json with the peer installed] --out docs", "```", ""]
     (out / "PERFORMANCE.md").write_text("\n".join(text))
     if rows:
         plot(rows, out / "performance.png")

@@ -102,16 +102,19 @@ def render(counts, cpp, sanitize, commands) -> str:
         lines.append("| C++ runtime checks | not run (pass --cpp build/cpp/test_runtime) | | | |")
     lines += ["", "## Sanitizer summary per family", ""]
     if sanitize:
-        s = json.loads(Path(sanitize).read_text())
-        lines += [f"From `{sanitize}` (command: `{s['command']}`).", "",
-                  "| family | tool | variants planned | launched | kernel errors | API reports | ERROR SUMMARY |",
+        lines += ["| family | tool | variants planned | launched | kernel errors | API reports | ERROR SUMMARY |",
                   "|---|---|---|---|---|---|---|"]
-        for op, fam in s["summary"].items():
-            for tool, t in fam["tools"].items():
-                lines.append(f"| {op} | {tool} | {fam['variants']} | {t['launched']} | {t['errors']} | "
-                             f"{t['api_reports']} | {t['summary_errors']} |")
-                for f in t["failing"]:
-                    lines.append(f"| | | | | {f['variant']}: {f['count']} x {f['first']} | | |")
+        commands_run = []
+        for path in sanitize:  # one JSON per sanitizer run (a run may cover some of the tools)
+            s = json.loads(Path(path).read_text())
+            commands_run.append(s["command"])
+            for op, fam in s["summary"].items():
+                for tool, t in fam["tools"].items():
+                    lines.append(f"| {op} | {tool} | {fam['variants']} | {t['launched']} | {t['errors']} | "
+                                 f"{t['api_reports']} | {t['summary_errors']} |")
+                    for f in t["failing"]:
+                        lines.append(f"| | | | | {f['variant']}: {f['count']} x {f['first']} | | |")
+        lines += ["", "Sanitizer runs: " + "; ".join(f"`{c}`" for c in commands_run) + "."]
     else:
         lines += ["**PLACEHOLDER — to be filled from the device run** (no sanitizer JSON was given to this",
                   "report): run the sanitizer command below on the GPU machine, then rerun this report with",
@@ -139,7 +142,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--junit", action="append", type=Path, help="pytest JUnit XML (repeatable); default: run pytest")
     p.add_argument("--cpp", type=Path, help="the built C++ runtime test binary (tests/cpp/test_runtime.cpp)")
-    p.add_argument("--sanitize", type=Path, help="sanitize.json from benchmarks/sanitize.py")
+    p.add_argument("--sanitize", type=Path, action="append",
+                   help="sanitize.json from benchmarks/sanitize.py (repeatable: one per run)")
     p.add_argument("--out", type=Path, default=REPO / "docs" / "RELIABILITY.md")
     args = p.parse_args(argv)
     junit = args.junit
