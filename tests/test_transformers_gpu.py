@@ -216,15 +216,24 @@ def test_mamba_generate_decodes_through_causal_conv1d_update(cc1d_as_causal_conv
 
 # ---- transformers >= ~5.15: kernels bound by decorators when modeling_mamba is imported ------
 
-def _reimported_modeling_mamba():
+def _reimported_modeling_mamba(model: str = "mamba"):
     for name in [n for n in sys.modules if n.startswith("transformers.models.mamba")]:
         del sys.modules[name]
-    return importlib.import_module("transformers.models.mamba.modeling_mamba")
+    return importlib.import_module(f"transformers.models.{model}.modeling_{model}")
 
 
 @pytest.fixture
 def decorated_pair(monkeypatch):
-    """(cc1d's modeling_mamba, transformers' own, call counts): the module imported once with
+    yield from _decorated_pair(monkeypatch, "mamba")
+
+
+@pytest.fixture
+def decorated_pair_mamba2(monkeypatch):
+    yield from _decorated_pair(monkeypatch, "mamba2")
+
+
+def _decorated_pair(monkeypatch, model: str):
+    """(cc1d's modeling_<model>, transformers' own, call counts): the module imported once with
     cc1d installed as causal_conv1d (counting its calls) and once without any causal_conv1d,
     so its decorators fall back to transformers' PyTorch functions."""
     if not DECORATED:
@@ -242,11 +251,13 @@ def decorated_pair(monkeypatch):
         monkeypatch.setattr(module, name, counted)
         monkeypatch.setattr(interface, name, counted)
     try:
-        with_cc1d = _reimported_modeling_mamba()
+        with_cc1d = _reimported_modeling_mamba(model)
+        if not hasattr(with_cc1d, "use_kernel_func_from_hub_with_fallback"):
+            pytest.skip(f"transformers {transformers.__version__}: modeling_{model} binds no kernels by decorator")
         cc1d.uninstall_causal_conv1d_alias()
         for n in [n for n in sys.modules if n == "causal_conv1d" or n.startswith("causal_conv1d.")]:
             del sys.modules[n]
-        own = _reimported_modeling_mamba()
+        own = _reimported_modeling_mamba(model)
         yield with_cc1d, own, calls
     finally:
         cc1d.uninstall_causal_conv1d_alias()
@@ -335,3 +346,44 @@ def test_decorated_conv_calls_match_a_float64_reference(decorated_pair, monkeypa
         errors[tag] = (rel_l2(out, want), strides, args, {k: v for k, v in kwargs.items() if k != "activation"}, act)
     assert errors["cc1d"][0] < 1e-5, f"cc1d's conv inside transformers' Mamba: {errors}"
     assert errors["transformers"][0] < 1e-5, f"transformers' own conv: {errors}"
+
+
+# ---- Mamba-2 (its mixer calls causal_conv1d_fn / causal_conv1d_update the same way) ----------
+
+def _mamba2_twins(with_cc1d, own):
+    config = dict(vocab_size=101, hidden_size=64, state_size=16, num_hidden_layers=2, conv_kernel=4, expand=2,
+                  num_heads=8, head_dim=16, n_groups=1, chunk_size=16, use_conv_bias=True, use_bias=False,
+                  eos_token_id=None, pad_token_id=0, bos_token_id=None)
+    torch.manual_seed(0)
+    a = with_cc1d.Mamba2ForCausalLM(transformers.Mamba2Config(**config)).to("cuda", torch.float32).eval()
+    with torch.no_grad():
+        for layer in a.backbone.layers:
+            layer.mixer.conv1d.bias.normal_(0, 0.1)
+    b = own.Mamba2ForCausalLM(transformers.Mamba2Config(**config)).to("cuda", torch.float32).eval()
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+def test_decorated_mamba2_forward_backward_and_generate_through_cc1d(decorated_pair_mamba2):
+    with_cc1d, own, calls = decorated_pair_mamba2
+    a, b = _mamba2_twins(with_cc1d, own)
+    input_ids = torch.randint(1, 101, (3, 45), device="cuda")
+    logits, grads = _forward_backward(a, input_ids)
+    assert calls["causal_conv1d_fn"] >= 2, (
+        f"transformers {transformers.__version__}'s Mamba2 did not call causal_conv1d_fn ({calls})")
+    want_logits, want_grads = _forward_backward(b, input_ids)
+    assert not torch.isnan(logits).any()
+    assert rel_l2(logits, want_logits) < 1e-4
+    assert set(grads) == set(want_grads) and any("conv1d" in k for k in grads)
+    for k in want_grads:
+        assert not torch.isnan(grads[k]).any(), k
+        assert rel_l2(grads[k], want_grads[k]) < 1e-3, k
+    prompt = torch.randint(1, 101, (2, 13), device="cuda")
+    kwargs = dict(max_new_tokens=6, do_sample=False, output_scores=True, return_dict_in_generate=True)
+    before = calls["causal_conv1d_update"]
+    fast = a.generate(prompt, **kwargs)
+    assert calls["causal_conv1d_update"] - before >= 2 * 5, calls
+    slow = b.generate(prompt, **kwargs)
+    assert torch.equal(fast.sequences, slow.sequences)
+    for got, want in zip(fast.scores, slow.scores):
+        assert rel_l2(got, want) < 1e-4
