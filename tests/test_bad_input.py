@@ -7,9 +7,9 @@ every entry point with the same precise error, before any memory is touched or a
 device is needed (pointers are fake, 4 GiB apart). A baseline test shows the
 unmutated call is accepted, so a case fails only by its own mutation.
 
-Adding an op (decode, varlen) after it lands is three rows: its call builder,
-its CASES table and its ENTRY_POINTS table in OPS. The torch-level matrix is in
-test_bad_input_torch.py.
+Adding an op is three rows: its call builder, its CASES table and its
+ENTRY_POINTS table in OPS (fwd, bwd, the decode update upd and the varlen
+prefill vfwd are in). The torch-level matrix is in test_bad_input_torch.py.
 """
 from __future__ import annotations
 
@@ -108,15 +108,19 @@ FWD_CASES = [
 ]
 
 
-def default_for(op: str, args: tuple) -> dict:
-    """The default variant of the call's family (layout from x's strides), for launch_*."""
-    layout = "cf" if args[2][2] == 1 else "cl"
+def default_for(op: str, layout: str) -> dict:
+    """The default variant of the builders' family (bf16 x, f32 weight, width 4), for launch_*."""
     return default_variant(Family(op, layout, "bf16", "f32", 4)).as_runtime_dict()
+
+
+def x_layout(args: tuple) -> str:
+    """fwd and bwd: the family's layout is x's (strides batch, dim, l first)."""
+    return "cf" if args[2][2] == 1 else "cl"
 
 
 FWD_ENTRY_POINTS: dict[str, Callable] = {
     "fwd": lambda rt, a: rt.fwd(*a, 0),
-    "launch_fwd": lambda rt, a: rt.launch_fwd(default_for("fwd", a), *a, 0),
+    "launch_fwd": lambda rt, a: rt.launch_fwd(default_for("fwd", x_layout(a)), *a, 0),
     "select_fwd": lambda rt, a: rt.select_fwd(*a, 0, ARCH),
     "explain_fwd": lambda rt, a: rt.explain_fwd(*a, 0, ARCH),
     "prepare_fwd": lambda rt, a: rt.prepare_fwd(*a, device=-1),
@@ -184,11 +188,215 @@ BWD_CASES = [
 
 BWD_ENTRY_POINTS: dict[str, Callable] = {
     "bwd": lambda rt, a: rt.bwd(*a, WORKSPACE, 0),
-    "launch_bwd": lambda rt, a: rt.launch_bwd(default_for("bwd", a), *a, WORKSPACE, 0),
+    "launch_bwd": lambda rt, a: rt.launch_bwd(default_for("bwd", x_layout(a)), *a, WORKSPACE, 0),
     "bwd_workspace_bytes": lambda rt, a: rt.bwd_workspace_bytes(*a, arch=ARCH),
     "select_bwd": lambda rt, a: rt.select_bwd(*a, arch=ARCH),
     "explain_bwd": lambda rt, a: rt.explain_bwd(*a, arch=ARCH),
     "prepare_bwd": lambda rt, a: rt.prepare_bwd(*a, device=-1),
+}
+
+
+# ---- decode update -------------------------------------------------------------------
+
+UX, UW, UB, UST, USEQ, UIDX, UACC, UOUT = (i * GB for i in range(1, 9))
+UPD_NAMES = ("x", "weight", "bias", "conv_state", "cache_seqlens", "conv_state_indices", "num_accepted_tokens",
+             "out")
+
+
+def upd_call(*, batch=2, dim=16, seqlen=2, state_len=4, pool=3, width=4, layout="cl", pad=-1, x_dtype=BF16,
+             w_dtype=F32, silu=True, ptr=None, x=None, w=(4, 1), bias=1, st=None, out=None, idx=(1, 1, 1)):
+    """(ptrs, sizes, strides, pad_slot_id, x_dtype, w_dtype, silu) of a contiguous decode update. `layout`
+    is conv_state's (pool, dim, state_len), which picks the family: "cf" state_len-contiguous, "cl"
+    dim-contiguous. The index arrays (cache_seqlens, conv_state_indices, num_accepted_tokens) are absent
+    unless `ptr` gives them; idx holds their strides."""
+    contiguous = (dim * seqlen, seqlen, 1)
+    state = (dim * state_len, state_len, 1) if layout == "cf" else (dim * state_len, 1, dim)
+    ptrs = dict(zip(UPD_NAMES, (UX, UW, UB, UST, 0, 0, 0, UOUT)))
+    ptrs.update(ptr or {})
+    strides = (*(x or contiguous), *w, bias, *(st or state), *(out or contiguous), *idx)
+    assert len(strides) == 15
+    sizes = (batch, dim, seqlen, state_len, pool, width)
+    return tuple(ptrs[n] for n in UPD_NAMES), sizes, strides, pad, x_dtype, w_dtype, silu
+
+
+def state_layout(args: tuple) -> str:
+    """upd: the family's layout is conv_state's (st_dim_stride, stride 7, is 1: channel-last)."""
+    return "cl" if args[2][7] == 1 else "cf"
+
+
+UPD_INDEX_ARRAYS = (("cache_seqlens", USEQ), ("conv_state_indices", UIDX), ("num_accepted_tokens", UACC))
+
+UPD_CASES = [
+    *[Case(f"width-{w}", dict(width=w), ValueError, rf"width must be in \[2, 8\], got {w}") for w in (0, 1, 9, -4)],
+    *[Case(f"{n}-{v}", {n: v}, ValueError, f"{n} must be >= 1, got {v}")
+      for n in ("batch", "dim", "seqlen") for v in (0, -3)],
+    Case("state_len-short", dict(state_len=2), ValueError,
+         r"conv_state: state_len must be >= width - 1 = 3 \(the window of previous inputs\), got 2"),
+    Case("state_len-negative", dict(state_len=-1), ValueError, "conv_state: state_len must be >= width - 1 = 3"),
+    Case("state_len-short-width-8", dict(width=8, state_len=6), ValueError, "state_len must be >= width - 1 = 7"),
+    Case("pool-0", dict(pool=0), ValueError, r"pool \(conv_state's first dimension\) must be >= 1, got 0"),
+    Case("pool-negative", dict(pool=-2), ValueError, r"pool \(conv_state's first dimension\) must be >= 1"),
+    Case("pool-0-with-indices", dict(pool=0, ptr=dict(conv_state_indices=UIDX)), ValueError,
+         r"pool \(conv_state's first dimension\) must be >= 1, got 0"),
+    Case("pool-below-batch", dict(pool=1), ValueError,
+         r"without conv_state_indices its first dimension \(pool\) must be >= batch = 2, got 1"),
+    Case("x-dtype-code", dict(x_dtype=5), TypeError, r"x_dtype must be 0 \(f32\), 1 \(f16\) or 2 \(bf16\), got 5"),
+    Case("x-dtype-negative", dict(x_dtype=-1), TypeError, "x_dtype must be .*, got -1"),
+    Case("w-dtype-code", dict(w_dtype=3), TypeError, "w_dtype must be .*, got 3"),
+    Case("dtype-mismatch", dict(x_dtype=F16, w_dtype=BF16), TypeError,
+         r"weight dtype must equal x dtype \(f16\) or be f32, got bf16"),
+    Case("dtype-mismatch-f32x", dict(x_dtype=F32, w_dtype=F16), TypeError, r"weight dtype must equal x dtype \(f32\)"),
+    *[Case(f"{n}-null", dict(ptr={n: 0}), ValueError, f"{n} must not be null")
+      for n in ("x", "weight", "conv_state", "out")],
+    Case("cache_seqlens-with-num_accepted_tokens", dict(ptr=dict(cache_seqlens=USEQ, num_accepted_tokens=UACC)),
+         ValueError, "cache_seqlens and num_accepted_tokens exclude each other"),
+    *[Case(f"{n}-odd-address", dict(ptr={n: base + 1}), ValueError,
+           rf"{n} must be aligned to its element size \(2 bytes\)")
+      for n, base in (("x", UX), ("out", UOUT), ("conv_state", UST))],
+    *[Case(f"{n}-odd-address", dict(ptr={n: base + 2}), ValueError,
+           rf"{n} must be aligned to its element size \(4 bytes\)")
+      for n, base in (("weight", UW), ("bias", UB), *UPD_INDEX_ARRAYS)],
+    *[Case(f"{name}-negative", {arg: value}, ValueError, f"{name} must be >= 0 .negative strides")
+      for name, arg, value in (("x_batch_stride", "x", (-32, 2, 1)), ("x_dim_stride", "x", (32, -2, 1)),
+                               ("x_l_stride", "x", (32, 2, -1)), ("out_batch_stride", "out", (-32, 2, 1)),
+                               ("out_l_stride", "out", (32, 2, -1)), ("st_batch_stride", "st", (-64, 1, 16)),
+                               ("st_dim_stride", "st", (64, -1, 16)), ("st_l_stride", "st", (64, 1, -16)),
+                               ("w_dim_stride", "w", (-4, 1)), ("w_width_stride", "w", (4, -1)),
+                               ("bias_stride", "bias", -1))],
+    *[Case(f"{n}_stride-negative", dict(ptr={n: base}, idx=(-1, -1, -1)), ValueError,
+           f"{n}_stride must be >= 0 .negative strides are not supported., got -1")
+      for n, base in UPD_INDEX_ARRAYS],
+    Case("out-is-x", dict(ptr=dict(out=UX)), ValueError, "out must not overlap x .x is read while out is written"),
+    Case("out-overlaps-x-tail", dict(ptr=dict(out=UX + 126)), ValueError, "out must not overlap x"),
+    Case("out-overlaps-conv_state", dict(ptr=dict(out=UST + 64)), ValueError,
+         "out must not overlap conv_state .the state is read and written"),
+    Case("conv_state-is-x", dict(ptr=dict(conv_state=UX)), ValueError,
+         "conv_state must not overlap x .x is copied into the state"),
+    Case("x-offset-overflow", dict(x=(32, 1 << 62, 1)), ValueError, "x: offset of the last element overflows int64"),
+    Case("x-extent-overflow", dict(x=(1 << 62, 2, 1)), ValueError, "x: extent in bytes overflows int64"),
+    Case("out-offset-overflow", dict(out=(32, 1 << 62, 1)), ValueError, "out: offset of the last element overflows"),
+    Case("pool-overflow", dict(pool=1 << 62, ptr=dict(conv_state_indices=UIDX)), ValueError,
+         "conv_state: offset of the last element overflows int64"),
+    Case("weight-offset-overflow", dict(w=(1 << 62, 1)), ValueError, "weight: offset of the last element overflows"),
+    Case("bias-extent-overflow", dict(bias=1 << 58), ValueError, "bias: extent in bytes overflows int64"),
+    *[Case(f"{n}-extent-overflow", dict(ptr={n: base}, idx=(1 << 62,) * 3), ValueError,
+           f"{n}: extent in bytes overflows int64")
+      for n, base in UPD_INDEX_ARRAYS],
+]
+
+UPD_ENTRY_POINTS: dict[str, Callable] = {
+    "upd": lambda rt, a: rt.upd(*a, 0),
+    "launch_upd": lambda rt, a: rt.launch_upd(default_for("upd", state_layout(a)), *a, 0),
+    "select_upd": lambda rt, a: rt.select_upd(*a, arch=ARCH),
+    "explain_upd": lambda rt, a: rt.explain_upd(*a, arch=ARCH),
+    "prepare_upd": lambda rt, a: rt.prepare_upd(*a, device=-1),
+}
+
+# ---- varlen prefill --------------------------------------------------------------------
+
+VX, VW, VB, VCU, VCI, VHIS, VCS, VOUT = (i * GB for i in range(1, 9))
+VARLEN_NAMES = ("x", "weight", "bias", "cu_seqlens", "cache_indices", "has_initial_state", "conv_states", "out")
+
+
+def varlen_call(*, num_seqs=3, dim=16, total_tokens=104, max_seqlen=0, state_len=3, pool=4, pad=-1, his_bytes=1,
+                width=4, layout="cf", x_dtype=BF16, w_dtype=F32, silu=True, ptr=None, x=None, w=(4, 1), bias=1,
+                out=None, cs=None, cu=1, ci=1, his=1):
+    """(ptrs, sizes, strides, x_dtype, w_dtype, silu) of a contiguous varlen prefill with every
+    optional tensor given: x and out (dim, total_tokens) in `layout`, a state pool (pool, dim,
+    state_len) with cache_indices and has_initial_state (his_bytes per element)."""
+    contiguous = (total_tokens, 1) if layout == "cf" else (1, dim)
+    ptrs = dict(zip(VARLEN_NAMES, (VX, VW, VB, VCU, VCI, VHIS, VCS, VOUT)))
+    ptrs.update(ptr or {})
+    strides = (*(x or contiguous), *w, bias, *(out or contiguous), *(cs or (dim * state_len, state_len, 1)), cu, ci,
+               his)
+    assert len(strides) == 13
+    sizes = (num_seqs, dim, total_tokens, max_seqlen, state_len, pool, pad, his_bytes, width)
+    return tuple(ptrs[n] for n in VARLEN_NAMES), sizes, strides, x_dtype, w_dtype, silu
+
+
+def varlen_layout(args: tuple) -> str:
+    """vfwd: the family's layout is x's (strides dim, l first)."""
+    return "cf" if args[2][1] == 1 else "cl"
+
+
+VFWD_CASES = [
+    *[Case(f"width-{w}", dict(width=w), ValueError, rf"width must be in \[2, 8\], got {w}") for w in (0, 1, 9, -4)],
+    *[Case(f"{n}-{v}", {n: v}, ValueError, f"{n} must be >= 1, got {v}")
+      for n in ("num_seqs", "dim", "total_tokens") for v in (0, -3)],
+    Case("max_seqlen-negative", dict(max_seqlen=-1), ValueError,
+         r"max_seqlen must be in \[0, total_tokens=104\] \(0: bounded by total_tokens\), got -1"),
+    Case("max_seqlen-past-total_tokens", dict(max_seqlen=105), ValueError,
+         r"max_seqlen must be in \[0, total_tokens=104\].*got 105"),
+    Case("state_len-short", dict(state_len=2), ValueError, "state_len must be >= width - 1 = 3, got 2"),
+    Case("state_len-short-states-only", dict(state_len=0, ptr=dict(out=0, cache_indices=0, has_initial_state=0)),
+         ValueError, "state_len must be >= width - 1 = 3, got 0"),
+    Case("pool-0", dict(pool=0), ValueError, "pool must be >= 1, got 0"),
+    Case("pool-negative", dict(pool=-1), ValueError, "pool must be >= 1, got -1"),
+    Case("pool-below-num_seqs", dict(pool=2, ptr=dict(cache_indices=0)), ValueError,
+         r"conv_states has 2 rows \(pool\) but num_seqs is 3: without cache_indices"),
+    *[Case(f"his_bytes-{b}", dict(his_bytes=b), ValueError,
+           rf"his_bytes \(has_initial_state's element size\) must be 1 \(bool/uint8\) or 4 \(int32\), got {b}")
+      for b in (0, 2, 8)],
+    Case("x-dtype-code", dict(x_dtype=5), TypeError, r"x_dtype must be 0 \(f32\), 1 \(f16\) or 2 \(bf16\), got 5"),
+    Case("w-dtype-code", dict(w_dtype=-1), TypeError, "w_dtype must be .*, got -1"),
+    Case("dtype-mismatch", dict(x_dtype=BF16, w_dtype=F16), TypeError,
+         r"weight dtype must equal x dtype \(bf16\) or be f32, got f16"),
+    *[Case(f"{n}-null", dict(ptr={n: 0}), ValueError, f"{n} must not be null") for n in ("x", "weight", "cu_seqlens")],
+    Case("out-and-conv_states-null", dict(ptr=dict(out=0, conv_states=0, cache_indices=0, has_initial_state=0)),
+         ValueError, r"out is null \(states only\) but conv_states is null too: nothing to write"),
+    Case("states-only-with-cache_indices", dict(ptr=dict(out=0)), ValueError,
+         r"out is null \(states only\): cache_indices and has_initial_state must be null"),
+    Case("cache_indices-without-conv_states", dict(ptr=dict(conv_states=0)), ValueError,
+         "cache_indices is given but conv_states is null"),
+    Case("has_initial_state-without-conv_states", dict(ptr=dict(conv_states=0, cache_indices=0)), ValueError,
+         "has_initial_state is given but conv_states is null"),
+    *[Case(f"{n}-odd-address", dict(ptr={n: base + 1}), ValueError,
+           rf"{n} must be aligned to its element size \(2 bytes\)")
+      for n, base in (("x", VX), ("out", VOUT), ("conv_states", VCS))],
+    *[Case(f"{n}-odd-address", dict(ptr={n: base + 2}), ValueError,
+           rf"{n} must be aligned to its element size \(4 bytes\)")
+      for n, base in (("weight", VW), ("bias", VB), ("cu_seqlens", VCU), ("cache_indices", VCI))],
+    Case("has_initial_state-odd-address-int32", dict(his_bytes=4, ptr=dict(has_initial_state=VHIS + 2)), ValueError,
+         r"has_initial_state must be aligned to its element size \(4 bytes\)"),
+    Case("x-no-unit-stride", dict(x=(208, 2)), ValueError,
+         r"x must have x_l_stride == 1 \(channel-first\) or x_dim_stride == 1 \(channel-last\)"),
+    Case("out-layout-differs-cf", dict(out=(1, 16)), ValueError, "out_l_stride must be 1 like x_l_stride"),
+    Case("out-layout-differs-cl", dict(layout="cl", out=(104, 1)), ValueError, "out_dim_stride must be 1 like x_dim"),
+    *[Case(f"{name}-negative", dict(change), ValueError, f"{name} must be >= 0 .negative strides")
+      for name, change in (("x_dim_stride", dict(x=(-104, 1))), ("x_l_stride", dict(layout="cl", x=(1, -16))),
+                           ("out_dim_stride", dict(out=(-104, 1))), ("w_dim_stride", dict(w=(-4, 1))),
+                           ("w_width_stride", dict(w=(4, -1))), ("bias_stride", dict(bias=-1)),
+                           ("cs_pool_stride", dict(cs=(-48, 3, 1))), ("cs_dim_stride", dict(cs=(48, -3, 1))),
+                           ("cs_l_stride", dict(cs=(48, 3, -1))), ("cu_stride", dict(cu=-1)),
+                           ("ci_stride", dict(ci=-1)), ("his_stride", dict(his=-1)))],
+    Case("out-is-x", dict(ptr=dict(out=VX)), ValueError, "out must not overlap x .blocks read x's neighbours"),
+    Case("out-overlaps-x-tail", dict(ptr=dict(out=VX + 16 * 104 * 2 - 2)), ValueError, "out must not overlap x"),
+    Case("out-overlaps-conv_states", dict(ptr=dict(out=VCS + 64)), ValueError,
+         "out must not overlap conv_states .the states are read and written"),
+    Case("conv_states-is-x", dict(ptr=dict(conv_states=VX)), ValueError,
+         "conv_states must not overlap x .x's last tokens are copied"),
+    Case("conv_states-is-x-states-only", dict(ptr=dict(conv_states=VX, out=0, cache_indices=0, has_initial_state=0)),
+         ValueError, "conv_states must not overlap x"),
+    Case("x-offset-overflow", dict(x=(1 << 62, 1)), ValueError, "x: offset of the last element overflows int64"),
+    Case("total_tokens-overflow", dict(total_tokens=1 << 62), ValueError, "x: offset of the last element overflows"),
+    Case("x-extent-overflow", dict(layout="cl", x=(1, 1 << 56)), ValueError, "x: extent in bytes overflows int64"),
+    Case("out-offset-overflow", dict(out=(1 << 62, 1)), ValueError, "out: offset of the last element overflows"),
+    Case("weight-offset-overflow", dict(w=(1 << 62, 1)), ValueError, "weight: offset of the last element overflows"),
+    Case("conv_states-offset-overflow", dict(cs=(1 << 62, 3, 1)), ValueError,
+         "conv_states: offset of the last element overflows int64"),
+    Case("pool-overflow", dict(pool=1 << 62), ValueError, "conv_states: offset of the last element overflows"),
+    Case("cu_seqlens-offset-overflow", dict(cu=1 << 62), ValueError, "cu_seqlens: offset of the last element overflows"),
+    Case("cache_indices-offset-overflow", dict(ci=1 << 62), ValueError, "cache_indices: offset of the last element"),
+    Case("has_initial_state-extent-overflow", dict(his_bytes=4, his=1 << 61), ValueError,
+         "has_initial_state: extent in bytes overflows int64"),
+]
+
+VFWD_ENTRY_POINTS: dict[str, Callable] = {
+    "varlen": lambda rt, a: rt.varlen(*a, 0),
+    "launch_varlen": lambda rt, a: rt.launch_varlen(default_for("vfwd", varlen_layout(a)), *a, 0),
+    "select_varlen": lambda rt, a: rt.select_varlen(*a, arch=ARCH),
+    "explain_varlen": lambda rt, a: rt.explain_varlen(*a, arch=ARCH),
+    "prepare_varlen": lambda rt, a: rt.prepare_varlen(*a, device=-1),
 }
 
 
@@ -201,12 +409,16 @@ class Op:
     entry_points: dict[str, Callable]
     # entry points that only decide (need no device): a valid call returns from them
     deciding: tuple[str, ...] = field(default=())
+    explain: str = ""            # the entry point that tells the decision
 
 
 OPS = {
-    "fwd": Op(fwd_call, FWD_CASES, FWD_ENTRY_POINTS, deciding=("select_fwd", "explain_fwd")),
+    "fwd": Op(fwd_call, FWD_CASES, FWD_ENTRY_POINTS, deciding=("select_fwd", "explain_fwd"), explain="explain_fwd"),
     "bwd": Op(bwd_call, BWD_CASES, BWD_ENTRY_POINTS,
-              deciding=("bwd_workspace_bytes", "select_bwd", "explain_bwd")),
+              deciding=("bwd_workspace_bytes", "select_bwd", "explain_bwd"), explain="explain_bwd"),
+    "upd": Op(upd_call, UPD_CASES, UPD_ENTRY_POINTS, deciding=("select_upd", "explain_upd"), explain="explain_upd"),
+    "vfwd": Op(varlen_call, VFWD_CASES, VFWD_ENTRY_POINTS, deciding=("select_varlen", "explain_varlen"),
+               explain="explain_varlen"),
 }
 
 MATRIX = [pytest.param(op, entry, case, id=f"{op}-{entry}-{case.name}")
@@ -247,24 +459,29 @@ def test_the_valid_baseline_is_accepted(rt, op, entry):
             assert "GPU" in str(info.value) or "driver" in str(info.value), info.value
 
 
+# The pointer whose element offset the alignment follows: x, but the update's
+# state (x counts there only where its dim stride is 1).
+ALIGNED_BY = {"fwd": ("x", FX), "bwd": ("x", BX), "upd": ("conv_state", UST), "vfwd": ("x", VX)}
+
+
 @pytest.mark.parametrize("offset", [2, 6, 10, 14, 30, 62, 126])
-@pytest.mark.parametrize("op", ["fwd", "bwd"])
+@pytest.mark.parametrize("op", list(OPS))
 def test_odd_element_offsets_pick_a_variant_whose_requirement_holds(rt, op, offset):
     """A slice at an odd element offset is not an error: the dispatcher picks a
     variant whose alignment requirement the call meets (the GPU test runs it)."""
     spec = OPS[op]
-    base = FX if op == "fwd" else BX
+    name, base = ALIGNED_BY[op]
     for layout in ("cf", "cl"):
-        e = spec.entry_points[f"explain_{op}"](rt, spec.call(layout=layout, ptr=dict(x=base + offset)))
+        e = spec.entry_points[spec.explain](rt, spec.call(layout=layout, ptr={name: base + offset}))
         assert e["alignment"] == offset & -offset
         assert e["alignment"] % e["variant"]["align_bytes"] == 0, e["key"]
 
 
-@pytest.mark.parametrize("op", ["fwd", "bwd"])
+@pytest.mark.parametrize("op", list(OPS))
 def test_wrong_argument_counts_are_type_errors(rt, op):
     spec = OPS[op]
     ptrs, sizes, strides, *rest = spec.call()
-    explain = spec.entry_points[f"explain_{op}"]
+    explain = spec.entry_points[spec.explain]
     for bad in ((ptrs[:-1], sizes, strides), (ptrs, sizes[:3], strides), (ptrs, sizes, strides + (0,)),
                 (ptrs, sizes, ("a",) * len(strides))):
         with pytest.raises(TypeError):

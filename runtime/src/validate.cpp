@@ -353,10 +353,11 @@ Layout validate_varlen(const VarlenArgs& a) {
   require_non_negative("x_dim_stride", p.x_dim_stride);
   require_non_negative("x_l_stride", p.x_l_stride);
   check_aligned("x", p.x, xs);
-  check_extent("x", {{p.dim, p.x_dim_stride}, {p.total_tokens, p.x_l_stride}}, xs);
+  const int64_t x_bytes = check_extent("x", {{p.dim, p.x_dim_stride}, {p.total_tokens, p.x_l_stride}}, xs);
   require_non_negative("cu_stride", p.cu_stride);
   check_aligned("cu_seqlens", p.cu_seqlens, 4);
   check_extent("cu_seqlens", {{p.num_seqs + 1, p.cu_stride}}, 4);
+  int64_t out_bytes = 0, cs_bytes = 0;
   if (!states_only) {
     require_non_negative("out_dim_stride", p.out_dim_stride);
     require_non_negative("out_l_stride", p.out_l_stride);
@@ -364,7 +365,7 @@ Layout validate_varlen(const VarlenArgs& a) {
     require_non_negative("w_width_stride", p.w_width_stride);
     check_aligned("out", p.out, xs);
     check_aligned("weight", p.weight, ws);
-    check_extent("out", {{p.dim, p.out_dim_stride}, {p.total_tokens, p.out_l_stride}}, xs);
+    out_bytes = check_extent("out", {{p.dim, p.out_dim_stride}, {p.total_tokens, p.out_l_stride}}, xs);
     check_extent("weight", {{p.dim, p.w_dim_stride}, {a.width, p.w_width_stride}}, ws);
     if (p.bias) {
       require_non_negative("bias_stride", p.bias_stride);
@@ -383,8 +384,21 @@ Layout validate_varlen(const VarlenArgs& a) {
     require_non_negative("cs_dim_stride", p.cs_dim_stride);
     require_non_negative("cs_l_stride", p.cs_l_stride);
     check_aligned("conv_states", p.conv_states, xs);
-    check_extent("conv_states", {{p.pool, p.cs_pool_stride}, {p.dim, p.cs_dim_stride}, {p.state_len, p.cs_l_stride}},
-                 xs);
+    cs_bytes = check_extent("conv_states",
+                            {{p.pool, p.cs_pool_stride}, {p.dim, p.cs_dim_stride}, {p.state_len, p.cs_l_stride}}, xs);
+  }
+  // Chunks of one sequence run in different blocks: each reads the width-1
+  // tokens before its chunk while another writes out there, and chunk 0 writes
+  // the states while later chunks still read x. In-place is not supported.
+  if (!states_only)
+    check_disjoint("out", p.out, out_bytes, "x", p.x, x_bytes,
+                   "blocks read x's neighbours while others write out; in-place is not supported");
+  if (p.conv_states) {
+    if (!states_only)
+      check_disjoint("out", p.out, out_bytes, "conv_states", p.conv_states, cs_bytes,
+                     "the states are read and written while out is written");
+    check_disjoint("conv_states", p.conv_states, cs_bytes, "x", p.x, x_bytes,
+                   "x's last tokens are copied into the states while other blocks read x");
   }
   if (p.cache_indices) {
     require_non_negative("ci_stride", p.ci_stride);
