@@ -185,16 +185,18 @@ def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
 
 class _Planned:
     """A tensor _forward_impl would allocate (fresh, so 256-byte aligned), laid out like x:
-    what explain() passes instead of allocating it."""
+    what explain() passes instead of allocating it. Each slot is its own address range
+    (the runtime refuses out overlapping x or the states), all far below real allocations."""
 
-    def __init__(self, like_channel_last: bool, shape, dtype: torch.dtype) -> None:
+    def __init__(self, like_channel_last: bool, shape, dtype: torch.dtype, slot: int) -> None:
         b, d, n = shape
         self.shape = tuple(shape)
         self.dtype = dtype
         self._stride = (d * n, 1, d) if like_channel_last else (d * n, n, 1)
+        self._address = 256 + slot * (1 << 40)
 
     def data_ptr(self) -> int:
-        return 256
+        return self._address
 
     def stride(self):
         return self._stride
@@ -217,10 +219,10 @@ def explain(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] 
     cl = _is_channel_last(x)
     sb, sd, sl = _inner_strides(x)
     if sl != 1 and sd != 1:
-        x = _Planned(False, x.shape, x.dtype)  # _forward_impl would run x.contiguous()
+        x = _Planned(False, x.shape, x.dtype, slot=0)  # _forward_impl would run x.contiguous()
         cl = False
-    out = _Planned(cl, x.shape, x.dtype)
-    fs = (_Planned(cl, (x.shape[0], x.shape[1], weight.shape[1] - 1), x.dtype)
+    out = _Planned(cl, x.shape, x.dtype, slot=1)
+    fs = (_Planned(cl, (x.shape[0], x.shape[1], weight.shape[1] - 1), x.dtype, slot=2)
           if return_final_states else None)
     args = _fwd_call_args(x, weight, bias, seq_idx, initial_states, fs, out, silu, 0)
     return runtime().explain_fwd(*args, arch=arch or "")

@@ -74,7 +74,8 @@ def make_db(path, entries, **kw):
 def call(b=2, d=64, l=128, *, bias=True, silu=True, x_ptr=256, final=False):
     """explain_fwd/select_fwd arguments of a contiguous channel-first bf16/f32 call."""
     w = 4
-    ptrs = (x_ptr, 1 << 20, (1 << 21) if bias else 0, 0, 0, 1 << 22, (1 << 23) if final else 0)
+    # 4 GiB apart: x, out and final_states must not overlap, whatever the shape
+    ptrs = (x_ptr, 1 << 32, (2 << 32) if bias else 0, 0, 0, 3 << 32, (4 << 32) if final else 0)
     strides = (d * l, l, 1, w, 1, 1 if bias else 0, d * l, l, 1, 0, 0, 0, 0, 0,
                *((d * (w - 1), w - 1, 1) if final else (0, 0, 0)))
     return ptrs, (b, d, l, w), strides, BF16, F32, silu

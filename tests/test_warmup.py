@@ -9,7 +9,7 @@ import pytest
 import cc1d
 
 ARCH = "sm_999"  # nobody tunes it: decisions come from the catalog
-X, W, B, OUT = 1 << 20, 2 << 20, 3 << 20, 4 << 20
+X, W, B, OUT = 1 << 32, 2 << 32, 3 << 32, 4 << 32  # 4 GiB apart: out overlaps nothing
 
 
 def _args(b=2, d=16, l=128, width=4):

@@ -113,8 +113,10 @@ Layout validate_fwd(const FwdArgs& a) {
   check_aligned("x", p.x, xs);
   check_aligned("out", p.out, xs);
   check_aligned("weight", p.weight, ws);
-  check_extent("x", {{p.batch, p.x_batch_stride}, {p.dim, p.x_dim_stride}, {p.seqlen, p.x_l_stride}}, xs);
-  check_extent("out", {{p.batch, p.out_batch_stride}, {p.dim, p.out_dim_stride}, {p.seqlen, p.out_l_stride}}, xs);
+  const int64_t x_bytes =
+      check_extent("x", {{p.batch, p.x_batch_stride}, {p.dim, p.x_dim_stride}, {p.seqlen, p.x_l_stride}}, xs);
+  const int64_t out_bytes =
+      check_extent("out", {{p.batch, p.out_batch_stride}, {p.dim, p.out_dim_stride}, {p.seqlen, p.out_l_stride}}, xs);
   check_extent("weight", {{p.dim, p.w_dim_stride}, {a.width, p.w_width_stride}}, ws);
   if (p.bias) {
     require_non_negative("bias_stride", p.bias_stride);
@@ -127,19 +129,39 @@ Layout validate_fwd(const FwdArgs& a) {
     check_aligned("seq_idx", p.seq_idx, 4);
     check_extent("seq_idx", {{p.batch, p.seq_batch_stride}, {p.seqlen, p.seq_l_stride}}, 4);
   }
+  int64_t is_bytes = 0, fs_bytes = 0;
   if (p.initial_states) {
     require_non_negative("is_batch_stride", p.is_batch_stride);
     require_non_negative("is_dim_stride", p.is_dim_stride);
     require_non_negative("is_w_stride", p.is_w_stride);
     check_aligned("initial_states", p.initial_states, xs);
-    check_extent("initial_states", {{p.batch, p.is_batch_stride}, {p.dim, p.is_dim_stride}, {a.width - 1, p.is_w_stride}}, xs);
+    is_bytes = check_extent("initial_states",
+                            {{p.batch, p.is_batch_stride}, {p.dim, p.is_dim_stride}, {a.width - 1, p.is_w_stride}}, xs);
   }
   if (p.final_states) {
     require_non_negative("fs_batch_stride", p.fs_batch_stride);
     require_non_negative("fs_dim_stride", p.fs_dim_stride);
     require_non_negative("fs_w_stride", p.fs_w_stride);
     check_aligned("final_states", p.final_states, xs);
-    check_extent("final_states", {{p.batch, p.fs_batch_stride}, {p.dim, p.fs_dim_stride}, {a.width - 1, p.fs_w_stride}}, xs);
+    fs_bytes = check_extent("final_states",
+                            {{p.batch, p.fs_batch_stride}, {p.dim, p.fs_dim_stride}, {a.width - 1, p.fs_w_stride}}, xs);
+  }
+  // A row's chunks run in different blocks: each reads the width-1 inputs before
+  // its chunk while another block writes out there, and final_states are copied
+  // from x (or initial_states) while other blocks read them. In-place is not supported.
+  check_disjoint("out", p.out, out_bytes, "x", p.x, x_bytes,
+                 "blocks read x's neighbours while others write out; in-place is not supported");
+  if (p.initial_states)
+    check_disjoint("out", p.out, out_bytes, "initial_states", p.initial_states, is_bytes,
+                   "initial_states are read while out is written");
+  if (p.final_states) {
+    check_disjoint("final_states", p.final_states, fs_bytes, "x", p.x, x_bytes,
+                   "final_states are written while x is read");
+    check_disjoint("final_states", p.final_states, fs_bytes, "out", p.out, out_bytes,
+                   "both are written by the kernel");
+    if (p.initial_states)
+      check_disjoint("final_states", p.final_states, fs_bytes, "initial_states", p.initial_states, is_bytes,
+                     "final_states may be copied from initial_states while they are read");
   }
   return layout;
 }

@@ -57,11 +57,11 @@ void test_sha256() {
 }
 
 cc1d::FwdArgs good_args() {
-  static float buf[1024];
+  static float xbuf[1024], wbuf[64], obuf[1024];  // apart: out may overlap neither x nor the states
   cc1d::FwdArgs a;
-  a.p.x = buf;
-  a.p.weight = buf;
-  a.p.out = buf;
+  a.p.x = xbuf;
+  a.p.weight = wbuf;
+  a.p.out = obuf;
   a.p.batch = 2; a.p.dim = 8; a.p.seqlen = 16;
   a.p.x_batch_stride = 128; a.p.x_dim_stride = 16; a.p.x_l_stride = 1;
   a.p.out_batch_stride = 128; a.p.out_dim_stride = 16; a.p.out_l_stride = 1;
@@ -87,6 +87,14 @@ void test_validation() {
     check_throws<InvalidArgument>(run(a), "x: ", "offset overflow"); }
   { auto a = good_args(); a.p.final_states = const_cast<void*>(a.p.x); a.p.fs_dim_stride = -3;
     check_throws<InvalidArgument>(run(a), "fs_dim_stride must be >= 0", "final_states stride"); }
+  { auto a = good_args(); a.p.out = const_cast<void*>(a.p.x);
+    check_throws<InvalidArgument>(run(a), "out must not overlap x (blocks read x's neighbours", "in-place refused"); }
+  { auto a = good_args(); a.p.final_states = static_cast<float*>(const_cast<void*>(a.p.x)) + 200;
+    a.p.fs_batch_stride = 24; a.p.fs_dim_stride = 3; a.p.fs_w_stride = 1;
+    check_throws<InvalidArgument>(run(a), "final_states must not overlap x", "final_states over x refused"); }
+  { auto a = good_args(); a.p.initial_states = static_cast<float*>(a.p.out) + 8;
+    a.p.is_batch_stride = 24; a.p.is_dim_stride = 3; a.p.is_w_stride = 1;
+    check_throws<InvalidArgument>(run(a), "out must not overlap initial_states", "initial_states under out refused"); }
   { auto a = good_args(); a.p.x = reinterpret_cast<const char*>(a.p.x) + 1;
     check_throws<InvalidArgument>(run(a), "x must be aligned to its element size (4 bytes)", "x alignment"); }
 }
