@@ -313,14 +313,7 @@ def _bwd_cl_registers_fit(family: Family, config: Config, arch: Arch) -> str | N
 
 BWD_CL = Space(
     op="bwd", layout="cl", template="bwd_channel_last.cu.j2",
-    params=(
-        Param("threads", "t", (64, 128, 256), "threads per block"),
-        Param("vec_bytes", "v", (2, 4, 8, 16), "bytes per vector load/store (along dim)"),
-        Param("tile_d", "d", (32, 64, 128), "channels per block"),
-        Param("rows_per_thread", "n", (1, 2, 4, 8), "consecutive positions per thread"),
-        MAX_REGS,
-        SPLIT_BLOCKS,
-    ),
+    params=(*FWD_CL.params, SPLIT_BLOCKS),  # the forward's channel-last tiling, plus the partials' layout
     constraints=(_vec_fits, _cl_tile_fits, _bwd_cl_registers_fit, _regs_distinct),
     preferred=(dict(threads=128, vec_bytes=8, tile_d=64, rows_per_thread=2, max_regs=255, split_blocks=2048,
                     widths=(2, 3, 4, 5, 6, 7)),

@@ -51,8 +51,8 @@ int low_bit_cap(uint64_t v, int cap) {
   return b >= uint64_t(cap) ? cap : int(b);
 }
 
-// The checks forward and backward share: dtype pair, width, sizes.
-void check_dtypes_sizes(DType x_dtype, DType w_dtype, int width, int64_t batch, int64_t dim, int64_t seqlen) {
+// The checks every op shares: the dtype pair and the width.
+void check_dtypes_width(DType x_dtype, DType w_dtype, int width) {
   const int xd = int(x_dtype), wd = int(w_dtype);
   if (xd < 0 || xd > 2) throw TypeMismatch("x_dtype must be 0 (f32), 1 (f16) or 2 (bf16), got " + str(xd));
   if (wd < 0 || wd > 2) throw TypeMismatch("w_dtype must be 0 (f32), 1 (f16) or 2 (bf16), got " + str(wd));
@@ -60,6 +60,11 @@ void check_dtypes_sizes(DType x_dtype, DType w_dtype, int width, int64_t batch, 
     throw TypeMismatch(std::string("weight dtype must equal x dtype (") + dtype_name(x_dtype) +
                        ") or be f32, got " + dtype_name(w_dtype));
   if (width < 2 || width > 8) throw InvalidArgument("width must be in [2, 8], got " + str(width));
+}
+
+// ... and, for the ops over (batch, dim, seqlen), the sizes.
+void check_dtypes_sizes(DType x_dtype, DType w_dtype, int width, int64_t batch, int64_t dim, int64_t seqlen) {
+  check_dtypes_width(x_dtype, w_dtype, width);
   require_positive("batch", batch);
   require_positive("dim", dim);
   require_positive("seqlen", seqlen);
@@ -329,13 +334,7 @@ int bwd_alignment(const BwdArgs& a, Layout layout) {
 
 Layout validate_varlen(const VarlenArgs& a) {
   const VarlenParams& p = a.p;
-  const int xd = int(a.x_dtype), wd = int(a.w_dtype);
-  if (xd < 0 || xd > 2) throw TypeMismatch("x_dtype must be 0 (f32), 1 (f16) or 2 (bf16), got " + str(xd));
-  if (wd < 0 || wd > 2) throw TypeMismatch("w_dtype must be 0 (f32), 1 (f16) or 2 (bf16), got " + str(wd));
-  if (a.w_dtype != a.x_dtype && a.w_dtype != DType::f32)
-    throw TypeMismatch(std::string("weight dtype must equal x dtype (") + dtype_name(a.x_dtype) +
-                       ") or be f32, got " + dtype_name(a.w_dtype));
-  if (a.width < 2 || a.width > 8) throw InvalidArgument("width must be in [2, 8], got " + str(a.width));
+  check_dtypes_width(a.x_dtype, a.w_dtype, a.width);
   require_positive("num_seqs", p.num_seqs);
   require_positive("dim", p.dim);
   require_positive("total_tokens", p.total_tokens);
