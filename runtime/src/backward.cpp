@@ -74,9 +74,8 @@ std::shared_ptr<const Decision> decide_for(const BwdArgs& args, const std::strin
   return decide(bwd_call(args, layout), arch_id_for(arch, args.p.x));
 }
 
-void launch_on(const Location& l, const KernelVariant& v, const BwdArgs& a) {
+void launch_on(const Location& l, const KernelVariant& v, const Functions& f, const BwdArgs& a) {
   Backend* backend = l.backend;
-  const Functions f = functions_on(l, v, /*with_reduce=*/true);
   const Dim3 max = backend->max_grid(l.device);
   int64_t sums = 0;  // (channel, tap or bias) pairs: one thread each
   if (__builtin_mul_overflow(a.p.dim, int64_t(a.width + 1), &sums)) sums = INT64_MAX;
@@ -100,13 +99,20 @@ void causal_conv1d_bwd(const BwdArgs& args) {
   const Layout layout = validate_bwd(args, /*launching=*/true);
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
-  const std::shared_ptr<const Decision> d = decide(bwd_call(args, layout), arch_id_of(l));
+  Functions f;
+  const std::shared_ptr<const Decision> d = decide_loaded(bwd_call(args, layout), l, /*with_reduce=*/true, &f);
   check_workspace(args, *d->variant);
-  launch_on(l, *d->variant, args);
+  launch_on(l, *d->variant, f, args);
 }
 
 size_t bwd_workspace_bytes(const BwdArgs& args, const std::string& arch) {
-  return workspace_for(args, *decide_for(args, arch)->variant);
+  const Call c = bwd_call(args, validate_bwd(args, /*launching=*/false));
+  // On x's device, load what the call will: a tuned winner that does not
+  // compile is dropped now, so the size is that of the variant that runs.
+  if (arch.empty())
+    if (const Location l = locate(args.p.x); l.device >= 0)
+      return workspace_for(args, *decide_loaded(c, l, /*with_reduce=*/true, nullptr)->variant);
+  return workspace_for(args, *decide(c, arch_id_for(arch, args.p.x))->variant);
 }
 
 KernelVariant select_bwd(const BwdArgs& args, const std::string& arch) {
@@ -129,15 +135,13 @@ void launch_bwd(const KernelVariant& v, const BwdArgs& args) {
   check_workspace(args, v);
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
-  launch_on(l, v, args);
+  launch_on(l, v, functions_on(l, v, /*with_reduce=*/true), args);
 }
 
 Explanation prepare_bwd(const BwdArgs& args, int device) {
   const Layout layout = validate_bwd(args, /*launching=*/false);
   const Location l = prepare_location(args.p.x, device);
-  const std::shared_ptr<const Decision> d = decide(bwd_call(args, layout), arch_id_of(l));
-  functions_on(l, *d->variant, /*with_reduce=*/true);
-  return explanation_of(*d);
+  return explanation_of(*decide_loaded(bwd_call(args, layout), l, /*with_reduce=*/true, nullptr));
 }
 
 }  // namespace cc1d

@@ -14,6 +14,8 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <sstream>
 #include <unordered_map>
 
 #include "catalog.h"
@@ -157,6 +159,8 @@ struct KeyHash {
 struct Chain {
   std::vector<std::string> caller_dbs;
   std::string package_dir;
+  // "<arch>:<source hash>" of tuned winners whose source did not compile for that arch.
+  std::shared_ptr<const std::set<std::string>> broken;
 };
 
 std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, const Chain& chain) {
@@ -187,15 +191,22 @@ std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, 
   std::vector<std::shared_ptr<const TunedSet>> sets;
   for (const auto& [path, must_exist] : files) sets.push_back(tuned_set(path, arch, must_exist));
 
-  // Exact winners, along the chain.
   std::string skipped;
+  std::set<const KernelVariant*> noted;
+  auto broken = [&](const TunedSet& set, const TunedEntry& e) {
+    if (!chain.broken || !chain.broken->count(arch + ":" + e.variant->hash)) return false;
+    if (noted.insert(e.variant.get()).second)
+      skipped += "; " + e.variant->key + " in " + set.path + " skipped: its source does not compile for " + arch;
+    return true;
+  };
+  // Exact winners, along the chain.
   for (const auto& set : sets)
     for (const TunedEntry& e : set->entries) {
       if (e.family != family || e.features != features || e.batch != p.batch || e.dim != p.dim ||
-          e.seqlen != p.seqlen)
+          e.seqlen != p.seqlen || broken(*set, e))
         continue;
       if (align % e.variant->align_bytes != 0) {
-        skipped = "; the exact winner in " + set->path + " (" + e.variant->key + ") needs " +
+        skipped += "; the exact winner in " + set->path + " (" + e.variant->key + ") needs " +
                   std::to_string(e.variant->align_bytes) + "-byte alignment, the call gives " + std::to_string(align);
         continue;
       }
@@ -204,7 +215,7 @@ std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, 
       d->source = set->path;
       d->matched_shape = e.shape_key;
       d->distance = 0;
-      d->detail = "tuned for this shape";
+      d->detail = "tuned for this shape" + skipped;
       return d;
     }
   // Nearest tuned shape whose requirement the call meets; ties go to the earlier DB.
@@ -216,7 +227,7 @@ std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, 
   double best_rank = 0, best_distance = 0;
   for (const auto& set : sets)
     for (const TunedEntry& e : set->entries) {
-      if (e.family != family || align % e.variant->align_bytes != 0) continue;
+      if (e.family != family || align % e.variant->align_bytes != 0 || broken(*set, e)) continue;
       const double dist = shape_distance(p.batch, p.dim, p.seqlen, e);
       const double rank = dist + kFeatureMismatchRank * __builtin_popcount(e.features ^ features);
       if (!best || rank < best_rank) {
@@ -298,9 +309,31 @@ class Dispatcher {
     chain_.package_dir = dir;
     forget_locked();
   }
+  // Keeps the broken winners: their sources will not compile any better.
   void clear() {
     std::lock_guard<std::mutex> lock(mu_);
     forget_locked();
+  }
+
+  // d's tuned winner did not compile (`error`): never chosen again, the
+  // decisions that used it forgotten, one warning. Another thread may have
+  // dropped it already.
+  void drop_broken(const Decision& d, const std::string& error) {
+    const std::string key = d.arch + ":" + d.variant->hash;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (chain_.broken && chain_.broken->count(key)) return;
+      auto broken = std::make_shared<std::set<std::string>>();
+      if (chain_.broken) *broken = *chain_.broken;
+      broken->insert(key);
+      chain_.broken = std::move(broken);
+      for (auto it = memo_.begin(); it != memo_.end();)
+        it = it->second->arch == d.arch && it->second->variant->hash == d.variant->hash ? memo_.erase(it)
+                                                                                         : std::next(it);
+      ++generation_;  // decisions being computed from the old set are not memoised
+    }
+    warn("tuning DB " + d.source + ": " + d.variant->key + " (" + d.arch + ", tuned for " + d.matched_shape +
+         ") does not compile: " + first_error(error) + "; not used again in this process, falling back");
   }
 
  private:
@@ -309,6 +342,17 @@ class Dispatcher {
   void forget_locked() {
     memo_.clear();
     ++generation_;
+  }
+
+  // The message's first line without the options, and the log's first error line.
+  static std::string first_error(const std::string& what) {
+    std::istringstream in(what);
+    std::string head, line;
+    std::getline(in, head);
+    head = head.substr(0, head.find(", options:"));
+    while (std::getline(in, line))
+      if (line.find("error") != std::string::npos) return head + ": " + line;
+    return head;
   }
 
   static std::string describe(const Decision& d, const Call& c) {
@@ -338,6 +382,20 @@ Dispatcher& dispatcher() {
   return d;
 }
 
+// decide(), then ready(variant): compile it, or compile and load it. See decide_loaded.
+template <class Ready>
+std::shared_ptr<const Decision> decide_ready(const Call& c, int arch_id, Ready&& ready) {
+  for (;;) {  // ends: each pass drops a tuned winner, and the catalog's errors propagate
+    std::shared_ptr<const Decision> d = dispatcher().decide(c, arch_id);
+    try {
+      ready(*d->variant);
+      return d;
+    } catch (const CompileError& e) {
+      if (d->reason == "default") throw;  // our own catalog's kernel: a bug, not a DB fault
+      dispatcher().drop_broken(*d, e.what());
+    }
+  }
+}
 
 }  // namespace
 
@@ -408,6 +466,19 @@ Functions functions_on(const Location& l, const KernelVariant& v, bool with_redu
     g_loads.fetch_add(1, std::memory_order_relaxed);
   }
   return f;
+}
+
+std::shared_ptr<const Decision> decide_loaded(const Call& c, const Location& l, bool with_reduce, Functions* f) {
+  return decide_ready(c, arch_id_of(l), [&](const KernelVariant& v) {
+    const Functions loaded = functions_on(l, v, with_reduce);
+    if (f) *f = loaded;
+  });
+}
+
+std::shared_ptr<const Decision> decide_compiled(const Call& c, int arch_id) {
+  const std::string target = archs().name(arch_id);
+  Backend& backend = backend_for_target(target);
+  return decide_ready(c, arch_id, [&](const KernelVariant& v) { compile_cached(backend, v.source, target, {}); });
 }
 
 Explanation explanation_of(const Decision& d) {

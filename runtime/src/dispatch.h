@@ -38,6 +38,7 @@ struct Decision {
 };
 
 // The memoised decision for `c` on the arch `arch_id` (0: unknown, the catalog).
+// Touches no compiler: a tuned winner not yet found broken (below) may be named.
 std::shared_ptr<const Decision> decide(const Call& c, int arch_id);
 
 // Arch id to decide for: `arch` if given (checked to be a target), else the
@@ -57,6 +58,15 @@ int arch_id_of(const Location& l);  // remembered per device
 // the compile cache) and loaded on first use there. with_reduce: cc1d_reduce
 // too (backward variants).
 Functions functions_on(const Location& l, const KernelVariant& v, bool with_reduce);
+
+// The decision for `c` with its variant's kernels ready: loaded on l's device
+// (into *f unless f is null), or only compiled for the decision's arch (no device needed). A
+// tuned winner whose source does not compile is broken for the rest of the
+// process: warned once (DB file, variant, the compiler's first error), never
+// chosen again, the decisions that used it forgotten, and `c` decided again.
+// A catalog variant that does not compile throws the CompileError.
+std::shared_ptr<const Decision> decide_loaded(const Call& c, const Location& l, bool with_reduce, Functions* f);
+std::shared_ptr<const Decision> decide_compiled(const Call& c, int arch_id);
 
 unsigned grid_dim(int64_t n, int tile, unsigned max);
 Explanation explanation_of(const Decision& d);

@@ -28,15 +28,14 @@ std::shared_ptr<const Decision> decide_for(const FwdArgs& args, const std::strin
   return decide(fwd_call(args, layout), arch_id_for(arch, args.p.x));
 }
 
-void launch_on(const Location& l, const KernelVariant& v, const FwdArgs& a) {
+void launch_on(const Location& l, const KernelVariant& v, const Functions& f, const FwdArgs& a) {
   Backend* backend = l.backend;
   const int device = l.device;
-  void* function = functions_on(l, v, /*with_reduce=*/false).kernel;
   const Dim3 max = backend->max_grid(device);
   const Dim3 grid{grid_dim(a.p.seqlen, v.tile_l, max.x), grid_dim(a.p.dim, v.tile_d, max.y),
                   grid_dim(a.p.batch, 1, max.z)};
   FwdParams params = a.p;
-  backend->launch(function, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), a.stream, &params,
+  backend->launch(f.kernel, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), a.stream, &params,
                   sizeof params);
 }
 
@@ -46,8 +45,9 @@ void causal_conv1d_fwd(const FwdArgs& args) {
   const Layout layout = validate_fwd(args);
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
-  const std::shared_ptr<const Decision> d = decide(fwd_call(args, layout), arch_id_of(l));
-  launch_on(l, *d->variant, args);
+  Functions f;
+  const std::shared_ptr<const Decision> d = decide_loaded(fwd_call(args, layout), l, /*with_reduce=*/false, &f);
+  launch_on(l, *d->variant, f, args);
 }
 
 KernelVariant select_fwd(const FwdArgs& args, const std::string& arch) {
@@ -61,9 +61,14 @@ Explanation explain_fwd(const FwdArgs& args, const std::string& arch) {
 Explanation prepare_fwd(const FwdArgs& args, int device) {
   const Layout layout = validate_fwd(args);
   const Location l = prepare_location(args.p.x, device);
-  const std::shared_ptr<const Decision> d = decide(fwd_call(args, layout), arch_id_of(l));
-  functions_on(l, *d->variant, /*with_reduce=*/false);
-  return explanation_of(*d);
+  return explanation_of(*decide_loaded(fwd_call(args, layout), l, /*with_reduce=*/false, nullptr));
+}
+
+Explanation precompile_fwd(const FwdArgs& args, const std::string& arch) {
+  const Layout layout = validate_fwd(args);
+  if (arch.empty())
+    throw InvalidArgument("arch must name the target to compile for (sm_90, gfx942, ...), got ''");
+  return explanation_of(*decide_compiled(fwd_call(args, layout), arch_id_for(arch, args.p.x)));
 }
 
 void launch_fwd(const KernelVariant& v, const FwdArgs& args) {
@@ -77,7 +82,7 @@ void launch_fwd(const KernelVariant& v, const FwdArgs& args) {
                           std::to_string(v.align_bytes) + " bytes, the call gives " + std::to_string(align));
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
-  launch_on(l, v, args);
+  launch_on(l, v, functions_on(l, v, /*with_reduce=*/false), args);
 }
 
 }  // namespace cc1d

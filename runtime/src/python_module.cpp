@@ -333,6 +333,23 @@ PYBIND11_MODULE(_cc1d, m) {
       "load the kernel such a call uses, launching nothing and touching no memory (pointers only carry "
       "alignment). device=-1: the device owning x, else the current one.");
 
+  m.def(
+      "precompile_fwd",
+      [](const Ptrs& ptrs, const Sizes& sizes, const Strides& strides, int x_dtype, int w_dtype, bool silu,
+         const std::string& arch) {
+        const FwdArgs a = make_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, 0);
+        Explanation e;
+        {
+          py::gil_scoped_release nogil;  // compiles
+          e = cc1d::precompile_fwd(a, arch);
+        }
+        return explanation_dict(e);
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
+      py::arg("silu"), py::arg("arch"),
+      "precompile_fwd(<fwd's arguments but stream>, arch) -> dict like explain_fwd's: decide for arch and compile "
+      "the kernel into the compile cache, loading nothing (no GPU needed).");
+
   // ---- backward ----
   // Argument order: fwd's, with the backward's 12 pointers and 26 strides, and
   // workspace_bytes (the bytes at partials) before stream.
@@ -365,7 +382,8 @@ PYBIND11_MODULE(_cc1d, m) {
       py::arg("silu"), py::arg("arch") = "",
       "bwd_workspace_bytes(<bwd's arguments but workspace_bytes and stream>, arch='') -> int: bytes of partials "
       "the call needs (splits * dim * (width + 1) * 4 for the variant dispatch picks). partials may be 0. "
-      "arch='' takes the target of x's device. Touches no memory.");
+      "arch='' takes the target of x's device (and then compiles and loads the kernels, as prepare_bwd). "
+      "Touches no memory.");
 
   m.def(
       "launch_bwd",
@@ -600,7 +618,8 @@ PYBIND11_MODULE(_cc1d, m) {
   m.def("set_package_dir", &cc1d::set_package_dir, py::arg("dir"), py::call_guard<py::gil_scoped_release>(),
         "Folder holding tuning_db/<arch>.db (the shipped tuning results).");
   m.def("clear_dispatch_cache", &cc1d::clear_dispatch_cache, py::call_guard<py::gil_scoped_release>(),
-        "Forget memoised dispatch decisions and loaded tuning DBs.");
+        "Forget memoised dispatch decisions and loaded tuning DBs (tuned winners found not to compile stay "
+        "excluded).");
 
   m.def("catalog", [] {
     py::list out;

@@ -30,14 +30,13 @@ std::shared_ptr<const Decision> decide_for(const UpdArgs& args, const std::strin
   return decide(upd_call(args, layout), arch_id_for(arch, args.p.x));
 }
 
-void launch_on(const Location& l, const KernelVariant& v, const UpdArgs& a) {
+void launch_on(const Location& l, const KernelVariant& v, const Functions& f, const UpdArgs& a) {
   Backend* backend = l.backend;
-  void* function = functions_on(l, v, /*with_reduce=*/false).kernel;
   const Dim3 max = backend->max_grid(l.device);
   // tile_d channels and tile_l batch rows per block.
   const Dim3 grid{grid_dim(a.p.dim, v.tile_d, max.x), grid_dim(a.p.batch, v.tile_l, max.y), 1};
   UpdParams params = a.p;
-  backend->launch(function, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), a.stream, &params,
+  backend->launch(f.kernel, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), a.stream, &params,
                   sizeof params);
 }
 
@@ -47,8 +46,9 @@ void causal_conv1d_update(const UpdArgs& args) {
   const Layout layout = validate_upd(args);
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
-  const std::shared_ptr<const Decision> d = decide(upd_call(args, layout), arch_id_of(l));
-  launch_on(l, *d->variant, args);
+  Functions f;
+  const std::shared_ptr<const Decision> d = decide_loaded(upd_call(args, layout), l, /*with_reduce=*/false, &f);
+  launch_on(l, *d->variant, f, args);
 }
 
 KernelVariant select_upd(const UpdArgs& args, const std::string& arch) {
@@ -62,9 +62,7 @@ Explanation explain_upd(const UpdArgs& args, const std::string& arch) {
 Explanation prepare_upd(const UpdArgs& args, int device) {
   const Layout layout = validate_upd(args);
   const Location l = prepare_location(args.p.x, device);
-  const std::shared_ptr<const Decision> d = decide(upd_call(args, layout), arch_id_of(l));
-  functions_on(l, *d->variant, /*with_reduce=*/false);
-  return explanation_of(*d);
+  return explanation_of(*decide_loaded(upd_call(args, layout), l, /*with_reduce=*/false, nullptr));
 }
 
 void launch_upd(const KernelVariant& v, const UpdArgs& args) {
@@ -79,7 +77,7 @@ void launch_upd(const KernelVariant& v, const UpdArgs& args) {
                           std::to_string(align));
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
-  launch_on(l, v, args);
+  launch_on(l, v, functions_on(l, v, /*with_reduce=*/false), args);
 }
 
 }  // namespace cc1d

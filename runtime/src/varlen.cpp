@@ -45,15 +45,15 @@ unsigned chunks_for(const VarlenParams& p, Layout layout, const KernelVariant& v
   return std::max(1u, grid_dim(span, v.tile_l, max));
 }
 
-void launch_on(const Location& l, const KernelVariant& v, const VarlenArgs& a, Layout layout) {
+void launch_on(const Location& l, const KernelVariant& v, const Functions& f, const VarlenArgs& a,
+               Layout layout) {
   Backend* backend = l.backend;
-  void* function = functions_on(l, v, /*with_reduce=*/false).kernel;
   const Dim3 max = backend->max_grid(l.device);
   const Dim3 grid{chunks_for(a.p, layout, v, max.x),
                   grid_dim(a.p.dim, v.tile_d, unsigned(std::min<int64_t>(max.y, kMaxGridYZ))),
                   grid_dim(a.p.num_seqs, 1, unsigned(std::min<int64_t>(max.z, kMaxGridYZ)))};
   VarlenParams params = a.p;
-  backend->launch(function, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), a.stream, &params,
+  backend->launch(f.kernel, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), a.stream, &params,
                   sizeof params);
 }
 
@@ -63,8 +63,9 @@ void causal_conv1d_varlen(const VarlenArgs& args) {
   const Layout layout = validate_varlen(args);
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
-  const std::shared_ptr<const Decision> d = decide(varlen_call(args, layout), arch_id_of(l));
-  launch_on(l, *d->variant, args, layout);
+  Functions f;
+  const std::shared_ptr<const Decision> d = decide_loaded(varlen_call(args, layout), l, /*with_reduce=*/false, &f);
+  launch_on(l, *d->variant, f, args, layout);
 }
 
 KernelVariant select_varlen(const VarlenArgs& args, const std::string& arch) {
@@ -78,9 +79,7 @@ Explanation explain_varlen(const VarlenArgs& args, const std::string& arch) {
 Explanation prepare_varlen(const VarlenArgs& args, int device) {
   const Layout layout = validate_varlen(args);
   const Location l = prepare_location(args.p.x, device);
-  const std::shared_ptr<const Decision> d = decide(varlen_call(args, layout), arch_id_of(l));
-  functions_on(l, *d->variant, /*with_reduce=*/false);
-  return explanation_of(*d);
+  return explanation_of(*decide_loaded(varlen_call(args, layout), l, /*with_reduce=*/false, nullptr));
 }
 
 void launch_varlen(const KernelVariant& v, const VarlenArgs& args) {
@@ -94,7 +93,7 @@ void launch_varlen(const KernelVariant& v, const VarlenArgs& args) {
                           std::to_string(v.align_bytes) + " bytes, the call gives " + std::to_string(align));
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
-  launch_on(l, v, args, layout);
+  launch_on(l, v, functions_on(l, v, /*with_reduce=*/false), args, layout);
 }
 
 }  // namespace cc1d

@@ -1,6 +1,6 @@
 // C++ runtime tests that need no GPU: SHA-256 vectors, validation messages
 // (forward and backward), the backward's workspace rule,
-// an NVRTC compile for sm_90 (skipped when NVRTC is absent) and the no-driver
+// an NVRTC compile for sm_90 and precompile_fwd (skipped when NVRTC is absent) and the no-driver
 // error path. (The disk cache's multi-process behaviour is tested from Python.)
 #include <algorithm>
 #include <chrono>
@@ -490,6 +490,26 @@ void test_dispatch_without_db() {
   cc1d::set_log_handler({});
 }
 
+// precompile_fwd: decide and compile for a target, no GPU. Without a DB the
+// catalog serves; a catalog kernel that does not compile (NVRTC knows no
+// sm_20) throws rather than falling back.
+void test_precompile() {
+  try {
+    cc1d::compiler_version("sm_90");
+  } catch (const cc1d::BackendError&) {
+    std::printf("skip precompile test: no NVRTC\n");
+    return;
+  }
+  const auto a = good_args();
+  const cc1d::Explanation e = cc1d::precompile_fwd(a, "sm_90");
+  check(e.reason == "default" && e.arch == "sm_90" && e.variant.key == cc1d::select_fwd(a, "sm_90").key,
+        "precompile_fwd compiles the catalog's choice for sm_90");
+  check_throws<cc1d::CompileError>([&a] { cc1d::precompile_fwd(a, "sm_20"); }, "sm_20",
+                                   "a catalog kernel that does not compile raises");
+  check_throws<cc1d::InvalidArgument>([&a] { cc1d::precompile_fwd(a, ""); }, "arch must name the target",
+                                      "precompile_fwd needs an arch");
+}
+
 int main() {
   test_sha256();
   test_validation();
@@ -499,6 +519,7 @@ int main() {
   test_nvrtc();
   test_threads_compile_once();
   test_dispatch_without_db();
+  test_precompile();
   if (std::getenv("CC1D_TEST_HAS_GPU") == nullptr) test_no_driver();
   else test_gpu_forward();
   std::printf("%d failure(s)\n", failures);

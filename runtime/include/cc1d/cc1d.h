@@ -100,7 +100,20 @@ Explanation explain_fwd(const FwdArgs& args, const std::string& arch = "");
 // compile, load, allocate and synchronise nothing: they can be captured (until
 // set_tuning_dbs, set_package_dir or clear_dispatch_cache forget decisions).
 // Returns the decision, as explain_fwd does. Throws BackendError without a GPU.
+//
+// A tuned winner whose source does not compile (the DB's fault) is not used
+// for the rest of the process: one warning names the DB file, the variant and
+// the compiler's first error, and the call (this one, or causal_conv1d_fwd's)
+// takes the next choice (another tuned entry, else the catalog), which
+// explain_fwd reports from then on. A catalog kernel that does not compile
+// throws CompileError.
 Explanation prepare_fwd(const FwdArgs& args, int device = -1);
+
+// prepare_fwd for a target instead of a device: decides for `arch` (required)
+// and compiles the kernel into the compile cache (memory and disk), loading
+// nothing and needing no GPU, e.g. to fill the disk cache ahead of time.
+// Tuned winners that do not compile are handled as in prepare_fwd.
+Explanation precompile_fwd(const FwdArgs& args, const std::string& arch);
 
 // Process-wide counters, for checking that a warm-up covered what followed:
 // a call that adds to either did work a CUDA-graph capture cannot hold.
@@ -118,6 +131,8 @@ void set_tuning_dbs(const std::vector<std::string>& paths);
 // users may set it, or CC1D_PACKAGE_DIR).
 void set_package_dir(const std::string& dir);
 // Forgets memoised decisions and loaded DBs (tests; after rewriting a DB file).
+// Tuned winners found not to compile stay excluded (by arch and source hash:
+// the same source will not compile any better).
 void clear_dispatch_cache();
 
 // Launches exactly this variant (the tuner and the tests use it; same compile
@@ -161,7 +176,10 @@ void causal_conv1d_bwd(const BwdArgs& args);
 // variant causal_conv1d_bwd would pick (the same memoised decision; `arch` as
 // in select_fwd). p.partials and workspace_bytes are not looked at, so call it
 // before allocating the workspace; pass the real x, dout and dx (their
-// alignment picks the variant). Needs no GPU when `arch` is given.
+// alignment picks the variant). Needs no GPU when `arch` is given. With arch
+// "" and x in device memory it also compiles and loads the kernels, as
+// prepare_bwd does, so a tuned winner that does not compile is replaced before
+// its workspace is sized.
 size_t bwd_workspace_bytes(const BwdArgs& args, const std::string& arch = "");
 
 // The variant causal_conv1d_bwd would launch, and why (as select_fwd and
