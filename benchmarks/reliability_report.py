@@ -30,7 +30,8 @@ CATEGORIES = {
     "1. Property test on the GPU (hypothesis, 150 random valid calls per run)":
         [("test_bad_input_torch.py", "test_random_valid")],
     "2. Sanitizer tooling (plan, parsing; CPU)": [("test_sanitize.py", "")],
-    "3. Tuning DB faults": [("test_db_faults.py", ""), ("test_dispatch.py", "test_unreadable"),
+    "3. Tuning DB faults": [("test_db_faults.py", ""), ("test_db_faults_gpu.py", ""),
+                            ("test_dispatch.py", "test_unreadable"),
                             ("test_dispatch.py", "test_missing_file"), ("test_dispatch.py", "test_newer_schema"),
                             ("test_dispatch.py", "test_wrong_source_hash"), ("test_dispatch.py", "test_stale_epoch"),
                             ("test_db.py", "test_refuses"), ("test_db.py", "test_validate_catches"),
@@ -58,7 +59,9 @@ def read_junit(paths: list[Path]) -> list[dict]:
                     outcome = "failed"
                 elif child.tag == "skipped":
                     outcome = "skipped"
-            file = (tc.get("file") or tc.get("classname", "").replace(".", "/")).split("/")[-1]
+            # A module skipped whole (no torch or GPU) is one case named after the module, with no classname.
+            module = tc.get("classname") or tc.get("name", "")
+            file = (tc.get("file") or module.replace(".", "/")).split("/")[-1]
             if not file.endswith(".py"):
                 file += ".py"
             cases.append(dict(file=file, name=tc.get("name", ""), outcome=outcome))
@@ -128,7 +131,8 @@ COMMANDS = [
     "python -P benchmarks/reliability_report.py --cpp build/cpp/test_runtime",
     "# GPU machine: the same tests with the device, JUnit kept for the report",
     "python -P -m pytest -q tests/test_bad_input.py tests/test_bad_input_torch.py tests/test_concurrency.py "
-    "tests/test_db_faults.py tests/test_tuner_faults.py tests/test_sanitize.py tests/test_dispatch.py "
+    "tests/test_db_faults.py tests/test_db_faults_gpu.py tests/test_tuner_faults.py tests/test_sanitize.py "
+    "tests/test_dispatch.py "
     "tests/test_db.py tests/test_tuner_search.py --junitxml=gpu.xml",
     "# GPU machine: compute-sanitizer over every family (fallback chains + a sample; --all for everything)",
     "python -P benchmarks/sanitize.py --out sanitize",
