@@ -198,7 +198,7 @@ FWD_CF = Space(
     params=(
         Param("threads", "t", (64, 128, 256), "threads per block"),
         Param("vec_bytes", "v", (2, 4, 8, 16), "bytes per vector load/store"),
-        Param("nvec", "n", (1, 2, 4), "vectors per thread (loads in flight)"),
+        Param("nvec", "n", (1, 2, 4, 8), "vectors per thread (loads in flight)"),
         Param("rows", "r", (1, 4), "channels per block"),
         Param("halo", "h", ("shfl", "reload"), "how the width-1 previous inputs are fetched"),
         MAX_REGS,
@@ -230,6 +230,8 @@ def _cl_tile_fits(family: Family, config: Config, arch: Arch) -> str | None:
 
 
 def _cl_registers_fit(family: Family, config: Config, arch: Arch) -> str | None:
+    # Counted as floats although the forward keeps its window packed: the packed
+    # 16-byte variants this would admit spill in the unpacking (measured on the H100).
     ve = max(1, _vec_elems(family, config))
     regs = (int(config["rows_per_thread"]) + 2 * family.width - 1) * ve  # window + weights
     budget = min(128, int(config["max_regs"]) - 16)  # the rest: addresses, loop state
@@ -326,10 +328,12 @@ from .space_upd import UPD_CF, UPD_CL  # noqa: E402  (builds on the helpers abov
 
 # ---- varlen prefill ------------------------------------------------------------
 # The forward's tilings over packed sequences (one sequence per grid.z): the same
-# tunables, constraints and geometry. Its defaults are the forward's measured ones
+# tunables (up to 4 vectors a thread), constraints and geometry. Its defaults are the forward's measured ones
 # until cc1d-tune finds better for vfwd shapes.
 
-VFWD_CF = Space(op="vfwd", layout="cf", template="varlen_channel_first.cu.j2", params=FWD_CF.params,
+VFWD_CF = Space(op="vfwd", layout="cf", template="varlen_channel_first.cu.j2",
+                params=tuple(Param(p.name, p.abbrev, (1, 2, 4), p.doc) if p.name == "nvec" else p
+                             for p in FWD_CF.params),
                 constraints=FWD_CF.constraints, preferred=FWD_CF.preferred, geometry=_cf_geometry)
 # Channel-last: the boundary rows (from the state pool) cost registers the forward
 # does not spend, so widths past 4 keep two rows per thread (four spill at width 7-8).

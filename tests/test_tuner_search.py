@@ -139,6 +139,25 @@ def test_resume_reuses_trials_and_winners(db):
     assert res.winner is not None and not res.resumed
 
 
+
+def test_resume_retunes_a_winner_the_templates_no_longer_render(db):
+    """After a template change a stored winner names another kernel: --resume tunes
+    the shape again, replaying none of the old trials (they timed other sources)."""
+    ev = FakeEvaluator()
+    tune_shape(CF, ARCH, ev, db, SearchConfig(trials=5))
+    (old,) = db.winners()
+    db.conn.execute("UPDATE winners SET source_hash = ?", ("0" * 64,))
+    db.conn.commit()
+    ev2 = FakeEvaluator()
+    res = tune_shape(CF, ARCH, ev2, db, SearchConfig(trials=5, resume=True))
+    assert not res.resumed and sorted(ev2.compiled) == sorted(ev.compiled)
+    (new,) = db.winners()
+    assert new["source_hash"] == res.winner.hash() and new["created_at"] >= old["created_at"]
+    # the re-tuned winner is current: the next --resume keeps it
+    ev3 = FakeEvaluator()
+    assert tune_shape(CF, ARCH, ev3, db, SearchConfig(trials=5, resume=True)).resumed and ev3.timed == []
+
+
 RUN = r"""
 import sys
 from cc1d.tuner.db import TuningDB

@@ -1,4 +1,4 @@
-"""Sound kernel timing: device events per launch, warm-up, inputs rotated over
+"""Sound kernel timing: graph-replayed launches timed by device events, warm-up, inputs rotated over
 enough buffers that the working set exceeds L2, median of staged repetitions
 with an early exit for clearly slow candidates, and the copy-bandwidth ceiling.
 
@@ -73,28 +73,45 @@ class CudaTimer:
         self.next = 0
 
     def time(self, launch: Callable[[dict, dict, int], None], best_us: float | None) -> Timing:
-        """`launch(inputs, outputs, stream)` must enqueue exactly one kernel."""
-        torch = self.torch
-        stream = torch.cuda.current_stream()
+        """`launch(inputs, outputs, stream)` must enqueue the candidate's kernels and nothing else.
 
-        def run() -> None:
+        One sample is one replay of a CUDA graph that launches the candidate once on
+        each input set, divided by the launches: host launch overhead never enters
+        (per-launch events would time a small kernel's launch, not the kernel)."""
+        torch = self.torch
+        calls = len(self.sets)  # many for small shapes, whose launches would dominate
+
+        def run(stream) -> None:
             inputs, outputs = self.sets[self.next % len(self.sets)]
             self.next += 1
             launch(inputs, outputs, stream.cuda_stream)
+
+        # Warm-up outside the graph: compiles, loads modules, touches the buffers.
+        for _ in range(self.cfg.warmup):
+            run(torch.cuda.current_stream())
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            capture = torch.cuda.current_stream()
+            for _ in range(calls):
+                run(capture)
+        graph.replay()
+        torch.cuda.synchronize()
 
         def sample(n: int) -> list[float]:
             events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                       for _ in range(n)]
             for start, end in events:
-                start.record(stream)
-                run()
-                end.record(stream)
-            stream.synchronize()
-            return [start.elapsed_time(end) * 1000.0 for start, end in events]
+                start.record()
+                graph.replay()
+                end.record()
+            torch.cuda.synchronize()
+            return [start.elapsed_time(end) * 1000.0 / calls for start, end in events]
 
-        for _ in range(self.cfg.warmup):
-            run()
-        return staged_timing(sample, best_us, self.cfg)
+        try:
+            return staged_timing(sample, best_us, self.cfg)
+        finally:
+            del graph
 
 
 def copy_bandwidth(nbytes: int = 256 << 20, reps: int = 30, device: str = "cuda") -> float:

@@ -24,7 +24,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from ..generator import Family, Variant, arch_info, default_variant, space_for, variants
+from ..generator import EPOCH, Family, Variant, arch_info, default_variant, space_for, variants
 from .db import TuningDB
 from .evaluate import CandidateError, Evaluator
 from .shapes import Shape
@@ -106,8 +106,10 @@ class ShapeSearch:
 
     def __init__(self, shape: Shape, arch: str, evaluator: Evaluator, db: TuningDB, cfg: SearchConfig,
                  *, storage: Any = None, copy_bw: float | None = None, environment: dict | None = None,
-                 run_id: str | None = None, on_trial: Callable[[Outcome], None] | None = None) -> None:
+                 run_id: str | None = None, on_trial: Callable[[Outcome], None] | None = None,
+                 trials_since: str | None = None) -> None:
         self.shape, self.arch, self.ev, self.db, self.cfg = shape, arch, evaluator, db, cfg
+        self.trials_since = trials_since  # --resume replays only trials stored after this time
         self.family = shape.family()
         self.arch_obj = arch_info(arch)
         self.default = default_variant(self.family, self.arch_obj)
@@ -139,6 +141,8 @@ class ShapeSearch:
         if self.shared or not self.cfg.resume:
             return
         for row in self.db.trials(*self.keys):  # later rows win
+            if self.trials_since is not None and row["created_at"] <= self.trials_since:
+                continue
             v = self._variant(json.loads(row["config"]))
             o = Outcome(v, row["status"], row["time_us"], row["spread"], row["error"])
             if v.key() not in self.known:
@@ -298,13 +302,28 @@ def result_from_db(shape: Shape, arch: str, row: dict) -> ShapeResult:
                        copy_fraction=row["copy_fraction"], resumed=True)
 
 
+def is_current(shape: Shape, row: dict) -> bool:
+    """A stored winner still names this cc1d's kernel: same epoch, and its config
+    renders (with the current templates) to the source it was timed with."""
+    if row["epoch"] != EPOCH:
+        return False
+    try:
+        return Variant.of(shape.family(), **json.loads(row["config"])).hash() == row["source_hash"]
+    except (TypeError, ValueError, KeyError):
+        return False  # the config is no longer in the space
+
+
 def tune_shape(shape: Shape, arch: str, evaluator: Evaluator, db: TuningDB, cfg: SearchConfig = SearchConfig(),
                **kwargs: Any) -> ShapeResult:
     """Search one shape and store its winner (or, with cfg.resume, return the stored one)."""
     if cfg.resume and cfg.finalize:
         row = db.winner(arch, shape.family().key(), shape.key())
         if row is not None:
-            return result_from_db(shape, arch, row)
+            if is_current(shape, row):
+                return result_from_db(shape, arch, row)
+            # Tuned with other templates: its trials timed other sources; only
+            # those stored since (a killed re-tune of this shape) are replayed.
+            kwargs.setdefault("trials_since", row["created_at"])
     search = ShapeSearch(shape, arch, evaluator, db, cfg, **kwargs)
     search.run_trials()
     if not cfg.finalize:
