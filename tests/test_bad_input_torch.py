@@ -10,8 +10,8 @@ with an arch (the same checks as the calls, the runtime's included), the backwar
 and varlen_states through their validators with the device requirement off; there
 an error row must raise, and an accepted row must pass the checks.
 Every row also runs on a GPU through the public function itself (marker gpu), with
-every buffer the API allocates poisoned. A hypothesis property test draws valid
-shapes, strides, dtypes and features and checks both directions on the GPU.
+every buffer the API allocates poisoned. Hypothesis property tests draw valid
+shapes, strides, dtypes and features of each op and check them on the GPU.
 
 Adding an op: a builder of valid arguments, a table of rows, a runner in RUNNERS.
 """
@@ -875,6 +875,11 @@ if st is not None:
     @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
     @given(c=calls())
     def test_random_valid_calls_match_the_reference(c):
+        with pytest.MonkeyPatch.context() as mp:
+            _poison(mp)
+            _fwd_bwd_case(c)
+
+    def _fwd_bwd_case(c):
         g = torch.Generator().manual_seed(c["seed"])
         b, d, l, w = c["batch"], c["dim"], c["seqlen"], c["width"]
         pad = c["pad"]
@@ -911,3 +916,112 @@ if st is not None:
             check_close(f"dweight {c}", dweight, ref[1], c["xd"])
             if c["bias"]:
                 check_close(f"dbias {c}", dbias, ref[2], c["xd"])
+
+    @st.composite
+    def update_calls(draw):
+        xd, wd = draw(st.sampled_from(DTYPE_PAIRS))
+        width, batch, seqlen = draw(st.integers(2, 8)), draw(st.integers(1, 6)), draw(st.integers(1, 6))
+        mode = draw(st.sampled_from(["plain", "cache_seqlens", "accepted", "indices", "indices+cache_seqlens",
+                                     "indices+accepted"]))
+        pool = draw(st.integers(1, batch + 4)) if "indices" in mode else batch + draw(st.integers(0, 3))
+        return dict(xd=xd, wd=wd, width=width, batch=batch, dim=draw(st.integers(1, 300)), seqlen=seqlen,
+                    two_d=seqlen == 1 and draw(st.booleans()), state_len=width - 1 + draw(st.integers(0, 6)),
+                    mode=mode, pool=pool, pad_slot_id=draw(st.sampled_from([-1, 0, 3])),
+                    x_layout=draw(st.sampled_from(["cf", "cl"])), state_layout=draw(st.sampled_from(["cf", "cl"])),
+                    x_offset=draw(st.integers(0, 3)), state_offset=draw(st.integers(0, 3)),
+                    pad=draw(st.integers(0, 5)), bias=draw(st.booleans()), silu=draw(st.booleans()),
+                    seed=draw(st.integers(0, 2**31 - 1)))
+
+    def update_case(c: dict, dev: str) -> dict:
+        """The arguments of a valid causal_conv1d_update call drawn as c says: x and the state
+        placed at element offsets in padded buffers, indices that repeat, pad or leave the pool."""
+        g = torch.Generator().manual_seed(c["seed"])
+        b, d, l, m, w, pool = c["batch"], c["dim"], c["seqlen"], c["state_len"], c["width"], c["pool"]
+        x = _place(torch.randn(b, d, l, generator=g).to(c["xd"]).to(dev), c["x_layout"], c["x_offset"], c["pad"])
+        state = _place(torch.randn(pool, d, m, generator=g).to(c["xd"]).to(dev), c["state_layout"],
+                       c["state_offset"], c["pad"])
+        t = dict(x=x[:, :, 0] if c["two_d"] else x, conv_state=state,
+                 weight=(torch.randn(d, w, generator=g) / w ** 0.5).to(c["wd"]).to(dev),
+                 bias=torch.randn(d, generator=g).to(c["wd"]).to(dev) if c["bias"] else None,
+                 activation="silu" if c["silu"] else None, pad_slot_id=c["pad_slot_id"])
+        index = lambda lo, hi: torch.randint(lo, hi, (b,), generator=g, dtype=torch.int32).to(dev)  # noqa: E731
+        if "indices" in c["mode"]:
+            t["conv_state_indices"] = index(-2, pool + 2)
+        if "cache_seqlens" in c["mode"]:
+            t["cache_seqlens"] = index(-20, 60)
+        if "accepted" in c["mode"]:
+            t["num_accepted_tokens"] = index(-1, l + 3)
+        return t
+
+    @pytest.mark.gpu
+    @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+    @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(c=update_calls())
+    def test_random_valid_update_calls_match_the_reference(c):
+        t = update_case(c, "cuda")
+        with pytest.MonkeyPatch.context() as mp:
+            _poison(mp)
+            before = t["conv_state"].clone()
+            out = cc1d.causal_conv1d_update(**t)
+            torch.cuda.synchronize()
+        check_upd(t, (out, before))
+
+    @st.composite
+    def varlen_calls(draw):
+        xd, wd = draw(st.sampled_from(DTYPE_PAIRS))
+        width = draw(st.integers(2, 8))
+        lens = draw(st.lists(st.integers(0, 300), min_size=1, max_size=6))
+        if sum(lens) == 0:
+            lens[0] = 1
+        return dict(xd=xd, wd=wd, width=width, dim=draw(st.integers(1, 200)), lens=lens,
+                    layout=draw(st.sampled_from(["cf", "cl"])), offset=draw(st.integers(0, 3)),
+                    pad=draw(st.integers(0, 5)), pool=draw(st.sampled_from(["none", "rows", "indices"])),
+                    extra_rows=draw(st.integers(0, 3)), pool_layout=draw(st.sampled_from(["cf", "cl"])),
+                    pool_offset=draw(st.integers(0, 3)), state_len=width - 1 + draw(st.integers(0, 4)),
+                    his=draw(st.sampled_from([None, torch.bool, torch.uint8, torch.int8, torch.int32])),
+                    pad_slot_id=draw(st.sampled_from([-1, 1])),
+                    max_seqlen=draw(st.sampled_from(["none", "exact", "more"])),
+                    validate_data=draw(st.booleans()), bias=draw(st.booleans()), silu=draw(st.booleans()),
+                    states_len=draw(st.integers(0, 10)), seed=draw(st.integers(0, 2**31 - 1)))
+
+    def varlen_case(c: dict, dev: str) -> dict:
+        """The arguments of a valid causal_conv1d_varlen_fn call drawn as c says: x and the pool
+        placed at element offsets in padded buffers; pool rows distinct, some padded."""
+        g = torch.Generator().manual_seed(c["seed"])
+        lens, d, w, m = c["lens"], c["dim"], c["width"], c["state_len"]
+        n = len(lens)
+        x = _place(torch.randn(1, d, sum(lens), generator=g).to(c["xd"]).to(dev), c["layout"], c["offset"],
+                   c["pad"])[0]
+        t = dict(x=x, weight=(torch.randn(d, w, generator=g) / w ** 0.5).to(c["wd"]).to(dev),
+                 bias=torch.randn(d, generator=g).to(c["wd"]).to(dev) if c["bias"] else None,
+                 cu_seqlens=torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=dev),
+                 activation="silu" if c["silu"] else None, pad_slot_id=c["pad_slot_id"],
+                 max_seqlen={"none": None, "exact": max(lens), "more": max(lens) + 7}[c["max_seqlen"]],
+                 validate_data=c["validate_data"])
+        if c["pool"] != "none":
+            pool = n + c["extra_rows"]
+            t["conv_states"] = _place(torch.randn(pool, d, m, generator=g).to(c["xd"]).to(dev), c["pool_layout"],
+                                      c["pool_offset"], c["pad"])
+            if c["his"] is not None:
+                t["has_initial_state"] = (torch.rand(n, generator=g) < 0.6).to(c["his"]).to(dev)
+            if c["pool"] == "indices":
+                rows = torch.randperm(pool, generator=g)[:n]
+                rows = torch.where(torch.rand(n, generator=g) < 0.2, -1, rows)
+                t["cache_indices"] = rows.to(torch.int32).to(dev)
+        return t
+
+    @pytest.mark.gpu
+    @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+    @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(c=varlen_calls())
+    def test_random_valid_varlen_calls_match_the_reference(c):
+        t = varlen_case(c, "cuda")
+        states_args = dict(x=t["x"].t(), cu_seqlens=t["cu_seqlens"], state_len=c["states_len"])
+        with pytest.MonkeyPatch.context() as mp:
+            _poison(mp)
+            before = _snapshot(t.get("conv_states"))
+            out = cc1d.causal_conv1d_varlen_fn(**t)
+            states = cc1d.causal_conv1d_varlen_states(**states_args)
+            torch.cuda.synchronize()
+        check_varlen(t, (out, before))
+        check_states(states_args, states)
