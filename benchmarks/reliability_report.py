@@ -24,10 +24,11 @@ REPO = Path(__file__).resolve().parents[1]
 # category -> (test file, test-name prefix or "" for all)
 CATEGORIES = {
     "1. Bad input: runtime entry points (cases x entry points)": [("test_bad_input.py", "")],
-    "1. Bad input: PyTorch API without a device": [("test_bad_input_torch.py", "test_bad_input_without")],
+    "1. Bad input: PyTorch API without a device (fn, bwd, update, varlen, varlen_states)":
+        [("test_bad_input_torch.py", "test_bad_input_without")],
     "1. Bad input: PyTorch API on the GPU (errors, accepted inputs vs float64)":
         [("test_bad_input_torch.py", "test_bad_or_odd")],
-    "1. Property test on the GPU (hypothesis, 150 random valid calls per run)":
+    "1. Property tests on the GPU (hypothesis: 150 random valid fn/bwd calls, 100 update, 100 varlen)":
         [("test_bad_input_torch.py", "test_random_valid")],
     "2. Sanitizer tooling (plan, parsing; CPU)": [("test_sanitize.py", "")],
     "3. Tuning DB faults": [("test_db_faults.py", ""), ("test_db_faults_gpu.py", ""),

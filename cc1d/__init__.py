@@ -27,6 +27,7 @@ _TORCH_API = {
     "causal_conv1d_update": "cc1d.update",
     "causal_conv1d_update_ref": "cc1d.reference",
     "explain_update": "cc1d.update",
+    "explain_varlen": "cc1d.varlen",
     "warmup_update": "cc1d.update",
 }
 

@@ -60,8 +60,8 @@ def _validate(x, conv_state, weight, bias, cache_seqlens, conv_state_indices, nu
     if weight.dtype is not x.dtype and weight.dtype is not torch.float32:
         C.check_float_dtype(_FN, "weight", weight, (x.dtype, torch.float32))
     C.check_tensor(_FN, "conv_state", conv_state, 3)
-    if conv_state.shape[1] != dim or conv_state.shape[2] < width - 1:
-        C.fail(_FN, "conv_state", f"shape (batch or pool, dim={dim}, state_len >= width-1={width - 1})",
+    if conv_state.shape[0] < 1 or conv_state.shape[1] != dim or conv_state.shape[2] < width - 1:
+        C.fail(_FN, "conv_state", f"shape (batch or pool >= 1, dim={dim}, state_len >= width-1={width - 1})",
                f"{tuple(conv_state.shape)}")
     if conv_state_indices is None and conv_state.shape[0] < batch:
         C.fail(_FN, "conv_state", f"a first dimension >= batch={batch} (no conv_state_indices given)",
@@ -118,9 +118,14 @@ def _upd_call_args(x, conv_state, weight, bias, cache_seqlens, conv_state_indice
     return (ptrs, sizes, strides, pad_slot_id, C.DTYPE_CODES[x.dtype], C.DTYPE_CODES[weight.dtype], silu)
 
 
+def _new_out(x: torch.Tensor) -> torch.Tensor:
+    """The output, x's shape and (when dense) strides; the one allocation (tests poison it)."""
+    return torch.empty_like(x)
+
+
 def _update_impl(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices, num_accepted_tokens,
                  pad_slot_id) -> torch.Tensor:
-    out = torch.empty_like(x)
+    out = _new_out(x)
     args = _upd_call_args(x, conv_state, weight, bias, cache_seqlens, conv_state_indices, num_accepted_tokens,
                           out, pad_slot_id, silu)
     if x.device.index != _current_device():

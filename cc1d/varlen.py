@@ -64,10 +64,10 @@ def _check_cu_seqlens(fn: str, cu_seqlens, device) -> int:
 
 
 def _validate(x, weight, bias, cu_seqlens, conv_states, cache_indices, has_initial_state, activation,
-              max_seqlen, pad_slot_id) -> bool:
+              max_seqlen, pad_slot_id, require_device: bool = True) -> bool:
     C.check_tensor(_FN, "x", x, 2)
     C.check_tensor(_FN, "weight", weight, 2)
-    if not x.is_cuda:
+    if require_device and not x.is_cuda:
         C.fail(_FN, "x", "a CUDA/ROCm tensor", f"a tensor on {x.device}")
     C.check_float_dtype(_FN, "x", x, tuple(C.DTYPE_CODES))
     dim, total = x.shape
@@ -235,9 +235,9 @@ def causal_conv1d_varlen_fn(x: torch.Tensor, weight: torch.Tensor, bias: Optiona
                         pad_slot_id, bound)
 
 
-def _validate_states(x, cu_seqlens, state_len) -> int:
+def _validate_states(x, cu_seqlens, state_len, require_device: bool = True) -> int:
     C.check_tensor(_FN_STATES, "x", x, 2)
-    if not x.is_cuda:
+    if require_device and not x.is_cuda:
         C.fail(_FN_STATES, "x", "a CUDA/ROCm tensor", f"a tensor on {x.device}")
     C.check_float_dtype(_FN_STATES, "x", x, tuple(C.DTYPE_CODES))
     total, dim = x.shape
@@ -281,6 +281,46 @@ def causal_conv1d_varlen_states(x: torch.Tensor, cu_seqlens: torch.Tensor, state
     if torch.compiler.is_compiling():
         return _states_op(x, cu_seqlens, state_len)
     return _states_impl(x, cu_seqlens, state_len)
+
+
+def explain_varlen(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], cu_seqlens: torch.Tensor,
+                   conv_states: Optional[torch.Tensor] = None, cache_indices: Optional[torch.Tensor] = None,
+                   has_initial_state: Optional[torch.Tensor] = None, activation: Optional[str] = None,
+                   pad_slot_id: int = -1, max_seqlen: Optional[int] = None, validate_data: bool = False, *,
+                   arch: Optional[str] = None) -> dict:
+    """Which kernel ``causal_conv1d_varlen_fn`` would launch, and why (as ``cc1d.explain``), after
+    the same checks (``validate_data`` too). Allocates and launches nothing; ``arch`` (e.g.
+    "sm_90") lets CPU tensors be explained."""
+    silu = _validate(x, weight, bias, cu_seqlens, conv_states, cache_indices, has_initial_state, activation,
+                     max_seqlen, pad_slot_id, require_device=arch is None)
+    if validate_data:
+        _check_values(x, cu_seqlens, conv_states, cache_indices, max_seqlen, pad_slot_id)
+    sd, sl = _inner_strides_2d(x)
+    if sl != 1 and sd != 1:
+        x = _Planned2d(x.shape, x.dtype, False, slot=0)  # _varlen_impl would run x.contiguous()
+    out = _Planned2d(x.shape, x.dtype, _is_channel_last(x), slot=1)
+    bound = 0 if max_seqlen is None else min(max_seqlen, x.shape[1])
+    args = _call_args(x, weight, bias, cu_seqlens, conv_states, cache_indices, has_initial_state, out, silu,
+                      pad_slot_id, bound, weight.shape[1], 0)
+    return runtime().explain_varlen(*args, arch=arch or "")
+
+
+class _Planned2d:
+    """A (dim, total) tensor _varlen_impl would allocate (fresh, so 256-byte aligned; tokens or
+    channels contiguous), without allocating it. Each slot is its own address range, far below
+    real allocations (the runtime refuses out overlapping x or conv_states)."""
+
+    def __init__(self, shape, dtype: torch.dtype, channel_last: bool, slot: int) -> None:
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self._stride = (1, shape[0]) if channel_last else (shape[1], 1)
+        self._address = 256 + slot * (1 << 40)
+
+    def data_ptr(self) -> int:
+        return self._address
+
+    def stride(self):
+        return self._stride
 
 
 def prepare_varlen(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], cu_seqlens: torch.Tensor,
