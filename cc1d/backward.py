@@ -138,12 +138,16 @@ class CausalConv1dFn(torch.autograd.Function):
     pre-activation in the backward kernel."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, seq_idx, initial_states, return_final_states, final_states_out, silu):
+    def forward(ctx, x, weight, bias, seq_idx, initial_states, return_final_states, final_states_out, silu,
+                plan=None):
         fs = final_states_out
         if return_final_states and fs is None:
             fs = ops._final_states_buffer(x, weight, True)
-        out = ops._forward_impl(x, weight, bias, seq_idx, initial_states, fs if return_final_states else None,
-                                silu)
+        written = fs if return_final_states else None
+        if plan is None:  # not through causal_conv1d_fn (compat's subclass): no checked plan
+            out = ops._forward_impl(x, weight, bias, seq_idx, initial_states, written, silu)
+        else:
+            out = ops._forward_planned(plan, x, weight, bias, seq_idx, initial_states, written, silu)
         ctx.save_for_backward(x, weight, bias, seq_idx, initial_states)
         ctx.silu = silu
         ctx.return_final_states = return_final_states
@@ -162,7 +166,7 @@ class CausalConv1dFn(torch.autograd.Function):
         dx, dweight, dbias, dis = _backward_impl(
             x, weight, bias, seq_idx, initial_states, dout, dfinal, ctx.silu,
             want_dinitial=ctx.needs_input_grad[4], want_dbias=ctx.needs_input_grad[2])
-        return dx, dweight, dbias, None, dis, None, None, None
+        return dx, dweight, dbias, None, dis, None, None, None, None
 
 
 # ---- torch.compile: a backward op and the forward op's autograd formula ------------

@@ -292,9 +292,10 @@ def test_bad_input_without_a_device(fn, row):
 def poisoned_outputs(monkeypatch):
     """Every buffer the API allocates starts as NaN: an unwritten element fails."""
     from cc1d import ops
-    real_layout, real_new = ops._empty_like_layout, backward._new_output
+    real_layout, real_like, real_new = ops._empty_like_layout, ops._empty_like, backward._new_output
     monkeypatch.setattr(ops, "_empty_like_layout",
                         lambda x, shape, dtype=None: real_layout(x, shape, dtype).fill_(float("nan")))
+    monkeypatch.setattr(ops, "_empty_like", lambda x: real_like(x).fill_(float("nan")))
     monkeypatch.setattr(backward, "_new_output",
                         lambda shape, dtype, device: real_new(shape, dtype, device).fill_(float("nan")))
 
