@@ -13,7 +13,7 @@ Two modes:
 * ``--mode cuda`` (the default with CUDA): CUDA tensors and the real runtime,
   synchronised once per round: the real per-piece costs on a GPU machine.
 
-    python benchmarks/bench_python_path.py [--mode host|cuda] [--calls 20000] [--rounds 7] [--out FILE]
+    python benchmarks/bench_python_path.py [--mode host|cuda] [--calls 20000] [--rounds 5] [--out FILE]
 """
 from __future__ import annotations
 
@@ -212,7 +212,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=("host", "cuda"), default="cuda" if torch.cuda.is_available() else "host")
     ap.add_argument("--calls", type=int, default=20000, help="calls per timed round")
-    ap.add_argument("--rounds", type=int, default=7, help="timed rounds (the median is kept)")
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds (the median is kept)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
     if args.calls < 1 or args.rounds < 1:
