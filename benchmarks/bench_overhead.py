@@ -1,9 +1,13 @@
 """Host overhead of a forward call: wall time per call of back-to-back eager calls
 on a tiny shape after warm-up (synchronised once, at the end), through
-cc1d.causal_conv1d_fn, through the bare runtime call cc1d._cc1d.fwd (arguments
-built once), through Dao-AILab causal_conv1d_fn when installed, and a one-kernel
-torch op for scale. The graph-timed device time of the same cc1d call says
-whether a row is bound by the host (wall time above it) or by the GPU.
+cc1d.causal_conv1d_fn, through the bare runtime calls cc1d._cc1d.fwd (arguments
+built once) and a cc1d._cc1d.FwdPlan (what the API calls: pointers and stream per
+call), through Dao-AILab causal_conv1d_fn when installed, and a one-kernel torch
+op for scale; and of an eager training step (forward, then torch.autograd.grad)
+through cc1d and through a no-op autograd.Function (the floor torch's autograd
+sets). The graph-timed device time of the same cc1d call says whether a row is
+bound by the host (wall time above it) or by the GPU. benchmarks/bench_python_path.py
+splits the Python side into its pieces.
 
     python benchmarks/bench_overhead.py [--out overhead.json] [--calls 20000] [--rounds 5]
 """
@@ -51,21 +55,60 @@ def _bare_call(x, w, bias):
     return lambda: fwd(*args)
 
 
+def _plan_call(x, w, bias):
+    """A cc1d._cc1d.FwdPlan made once, called with the pointers and stream: what the API's
+    eager calls pay in C++ (the binding's conversions included)."""
+    out = torch.empty_like(x)
+    ptrs, *rest, stream = ops._fwd_call_args(x, w, bias, None, None, None, out, True,
+                                             torch.cuda.current_stream().cuda_stream)
+    plan = runtime().FwdPlan(*rest)
+    return lambda: plan(*ptrs, stream)
+
+
+class _NoOpFn(torch.autograd.Function):
+    """The floor of a custom autograd op: allocate the output and the gradients, launch nothing."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight, bias)
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, weight, bias = ctx.saved_tensors
+        return torch.empty_like(x), torch.empty_like(weight), torch.empty_like(bias)
+
+
+def _training_steps(layout: str):
+    """Forward + torch.autograd.grad (x, weight, bias need grad): through cc1d, and through _NoOpFn."""
+    x, w, bias = (t.detach().requires_grad_() for t in _inputs(layout))
+    dout = torch.randn_like(x)
+    inputs = (x, w, bias)
+    return [(lambda: torch.autograd.grad(cc1d.causal_conv1d_fn(x, w, bias, activation="silu"), inputs, dout)),
+            (lambda: torch.autograd.grad(_NoOpFn.apply(x, w, bias), inputs, dout))]
+
+
 def cases(peer):
-    """(name, layout, fn, graphable) of every path timed. The bare call keeps the
-    stream it was built with, so it cannot be captured on the timing graph's."""
+    """(name, layout, fn, graphable) of every path timed. The bare calls keep the
+    stream they were built with, so they cannot be captured on the timing graph's;
+    nor can autograd's steps."""
     out = []
     for layout in ("cf", "cl"):
         x, w, bias = _inputs(layout)
         out.append(("cc1d.causal_conv1d_fn", layout,
                     lambda x=x, w=w, bias=bias: cc1d.causal_conv1d_fn(x, w, bias, activation="silu"), True))
         out.append(("cc1d._cc1d.fwd (bare runtime call)", layout, _bare_call(x, w, bias), False))
+        out.append(("cc1d._cc1d.FwdPlan (bare runtime call)", layout, _plan_call(x, w, bias), False))
         if peer is not None:
             out.append(("causal_conv1d.causal_conv1d_fn", layout,
                         lambda x=x, w=w, bias=bias: peer(x, w, bias, activation="silu"), True))
     x, _, _ = _inputs("cf")
     y = torch.empty_like(x)
     out.append(("torch.mul(x, 1, out=y) (one kernel, for scale)", "cf", lambda: torch.mul(x, 1.0, out=y), True))
+    for layout in ("cf", "cl"):
+        step, floor = _training_steps(layout)
+        out.append(("cc1d training step: causal_conv1d_fn + autograd.grad", layout, step, False))
+        out.append(("no-op autograd.Function step (torch's floor)", layout, floor, False))
     return out
 
 
@@ -109,7 +152,8 @@ def main() -> None:
             print(f"| {r['path']} | {r['layout']} | {r['error']} | — |")
         else:
             warm = "" if r.get("warm", True) else " (NOT warm: decided or loaded while timed)"
-            device = f"{r['device_us']:.2f}" if "device_us" in r else "— (same kernel as above)"
+            device = (f"{r['device_us']:.2f}" if "device_us" in r
+                      else "— (same kernel as above)" if "_cc1d" in r["path"] else "—")
             print(f"| {r['path']} | {r['layout']} | {r['host_us']:.2f}{warm} | {device} |")
     for layout, e in explained.items():
         print(f"\ncc1d {layout}: {e['key']} ({e['reason']}, from {e['source']})")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: build cc1d, run the gpu tests (extra pytest args pass through)
-# and the forward, backward and host-overhead benchmarks. Logs go to $OUT (the device tool's folder) or /tmp/cc1d-out.
+# and the forward, backward and host-overhead benchmarks (bench_python_path.py: the Python side's
+# pieces). Logs go to $OUT (the device tool's folder) or /tmp/cc1d-out.
 #   bash benchmarks/device_check.sh [pytest args...]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -18,5 +19,6 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   python3 benchmarks/bench_fwd.py --out "$OUT/bench_fwd.json" 2>&1 | tee "$OUT/bench_fwd.log"
   python3 benchmarks/bench_bwd.py --out "$OUT/bench_bwd.json" 2>&1 | tee "$OUT/bench_bwd.log"
   python3 benchmarks/bench_overhead.py --out "$OUT/bench_overhead.json" 2>&1 | tee "$OUT/bench_overhead.log"
+  python3 benchmarks/bench_python_path.py --out "$OUT/bench_python_path.json" 2>&1 | tee "$OUT/bench_python_path.log"
   python3 benchmarks/bench_varlen.py --out "$OUT/bench_varlen.json" 2>&1 | tee "$OUT/bench_varlen.log"
 fi

@@ -74,7 +74,9 @@ def __getattr__(name: str) -> Any:
     module = _TORCH_API.get(name)
     if module is None:
         raise AttributeError(f"module 'cc1d' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function (a microsecond per call)
+    return value
 
 
 if os.environ.get("CC1D_AS_CAUSAL_CONV1D"):

@@ -25,15 +25,6 @@ def _layout(t: torch.Tensor) -> Optional[str]:
     return "cf" if sl == 1 else "cl" if sd == 1 else None
 
 
-def _same_layout_as(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """t with x's memory layout (the kernels read x and dout and write dx alike)."""
-    if _layout(t) == _layout(x):
-        return t
-    out = ops._empty_like_layout(x, x.shape)
-    out.copy_(t)
-    return out
-
-
 def _validate_bwd(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, activation,
                   require_device: bool = True):
     silu = ops._validate(x, weight, bias, seq_idx, initial_states, None, activation, require_device)
@@ -52,10 +43,14 @@ def _validate_bwd(x, weight, bias, dout, seq_idx, initial_states, dfinal_states,
         C.check_shape(_FN, "dx", dx, tuple(x.shape), "batch, dim, seqlen")
         C.check_device(_FN, "dx", dx, x.device)
         C.check_float_dtype(_FN, "dx", dx, (x.dtype,))
-        for name, t in (("x", x), ("dout", dout)):
-            if dx.data_ptr() == t.data_ptr():
-                C.fail(_FN, "dx", f"a buffer apart from {name}", f"the same memory as {name}")
+        _check_dx_apart(x, dout, dx)
     return silu
+
+
+def _check_dx_apart(x, dout, dx) -> None:
+    for name, t in (("x", x), ("dout", dout)):
+        if dx.data_ptr() == t.data_ptr():
+            C.fail(_FN, "dx", f"a buffer apart from {name}", f"the same memory as {name}")
 
 
 def _bwd_call_args(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx, dis, dweight, dbias,
@@ -79,39 +74,138 @@ def _bwd_call_args(x, weight, bias, seq_idx, initial_states, dout, dfinal_states
 
 
 def _new_output(shape, dtype, device) -> torch.Tensor:
-    """Every gradient buffer but dx comes from here (tests poison them)."""
-    return torch.empty(shape, dtype=dtype, device=device)
+    """Every gradient buffer but dx and those ops._empty_like gives comes from here (tests poison them)."""
+    return torch.empty(*shape, dtype=dtype, device=device)  # unpacked: faster to parse than a tuple
+
+
+# ---- plans (see ops: one per call signature) ----------------------------------------
+
+class _BwdPlan:
+    """What _backward_impl decides for one signature of its arguments: the runtime's
+    arguments but pointers, workspace and stream (``launch[silu]``), whether x must
+    be made contiguous, dout copied to x's layout, dx allocated (not the caller's),
+    the gradients' shapes, and which fresh buffer is ``torch.empty_like`` of an input
+    (x, weight, bias, initial_states: ``*_like``) rather than _empty_like_layout or
+    _new_output."""
+    __slots__ = ("launch", "contiguous", "dout_copy", "dx_fresh", "device", "x_dtype", "w_dtype",
+                 "dweight_shape", "dbias_shape", "dis_shape", "x_like", "dweight_like", "dbias_like", "dis_like")
+
+
+# _backward_impl's plans (its callers checked the arguments, or never did: no check is skipped).
+_PLANS: dict = {}
+# causal_conv1d_bwd's plans: only calls that passed _validate_bwd add one.
+_CHECKED_PLANS: dict = {}
+
+
+def _bwd_key(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx, want_dinitial: bool,
+             want_dbias: bool) -> tuple:
+    """The memo key of a backward call: all that _validate_bwd reads but the activation and dx's
+    address (checked on every call), and all that its plan follows from. Raises for arguments
+    that are not tensors."""
+    sig = ops._sig
+    return (type(x), x.shape, x.stride(), x.dtype, x.device, sig(weight),
+            None if bias is None else sig(bias), None if seq_idx is None else sig(seq_idx),
+            None if initial_states is None else sig(initial_states), sig(dout),
+            None if dfinal_states is None else sig(dfinal_states), None if dx is None else sig(dx),
+            want_dinitial, want_dbias)
+
+
+def _make_bwd_plan(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx, want_dinitial: bool,
+                   want_dbias: bool) -> _BwdPlan:
+    """_backward_impl's decisions, allocations and _bwd_call_args, run on meta stand-ins."""
+    meta = ops._meta
+    xm, wm, dm, dxm = meta(x), meta(weight), meta(dout), meta(dx)
+    p = _BwdPlan()
+    sb, sd, sl = ops._inner_strides(xm)
+    p.contiguous = sl != 1 and sd != 1
+    if p.contiguous:
+        xm = xm.contiguous()
+    fresh = ops._empty_like_layout(xm, xm.shape)
+    p.x_like = ops._is_like(x, xm, fresh, x.device)
+    p.dout_copy = _layout(dm) != _layout(xm)
+    if p.dout_copy:
+        dm = fresh
+    p.dx_fresh = dxm is None or _layout(dxm) != _layout(xm)
+    if p.dx_fresh:
+        dxm = fresh
+    batch, dim, _ = xm.shape
+    width = wm.shape[1]
+    p.dweight_shape = (dim, width)
+    p.dbias_shape = (dim,) if bias is not None and want_dbias else None
+    p.dis_shape = (batch, dim, width - 1) if initial_states is not None and want_dinitial else None
+    bm, im = meta(bias), meta(initial_states)
+    dwm, dbm, dism = (None if shape is None else _new_output(shape, dtype, "meta")
+                      for shape, dtype in ((p.dweight_shape, wm.dtype), (p.dbias_shape, wm.dtype),
+                                           (p.dis_shape, xm.dtype)))
+    # A gradient is empty_like(its input) wherever that allocates the same buffer.
+    p.dweight_like = ops._is_like(weight, wm, dwm, x.device)
+    p.dbias_like = dbm is not None and ops._is_like(bias, bm, dbm, x.device)
+    p.dis_like = dism is not None and ops._is_like(initial_states, im, dism, x.device)
+    _, sizes, strides, x_dtype, w_dtype, _ = _bwd_call_args(
+        xm, wm, bm, meta(seq_idx), im, dm, meta(dfinal_states), dxm, dism, dwm, dbm, None, False)
+    rt = runtime()
+    p.launch = tuple(rt.BwdPlan(sizes, strides, x_dtype, w_dtype, silu) for silu in (False, True))
+    p.device, p.x_dtype, p.w_dtype = x.device, x.dtype, weight.dtype
+    return p
 
 
 def _backward_impl(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, silu: bool,
                    dx: Optional[torch.Tensor] = None, want_dinitial: bool = True, want_dbias: bool = True):
     """dx, dweight, dbias (None without bias), dinitial_states (None without initial_states)."""
-    sb, sd, sl = ops._inner_strides(x)
-    if sl != 1 and sd != 1:
+    want_dinitial = True if want_dinitial else False
+    want_dbias = True if want_dbias else False
+    try:
+        key = _bwd_key(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx, want_dinitial, want_dbias)
+        plan = _PLANS.get(key)
+    except Exception:  # metadata that does not hash: no memo
+        key = plan = None
+    if plan is None:
+        plan = ops._remember(_PLANS, key, _make_bwd_plan(x, weight, bias, seq_idx, initial_states, dout,
+                                                         dfinal_states, dx, want_dinitial, want_dbias))
+    return _backward_planned(plan, x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx, silu)
+
+
+def _backward_planned(plan: _BwdPlan, x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx, silu: bool):
+    """_backward_impl of a call with a plan: allocate, read the pointers, launch."""
+    if plan.contiguous:
         x = x.contiguous()
-    dout = _same_layout_as(dout, x)
+    if plan.dout_copy:  # the kernels read x and dout and write dx alike
+        fresh = ops._empty_like(x) if plan.x_like else ops._empty_like_layout(x, x.shape)
+        fresh.copy_(dout)
+        dout = fresh
     user_dx = dx
-    if dx is None or _same_layout_as(dx, x) is not dx:
-        dx = ops._empty_like_layout(x, x.shape)
-    batch, dim, _ = x.shape
-    width = weight.shape[1]
-    dweight = _new_output((dim, width), weight.dtype, x.device)
-    dbias = _new_output((dim,), weight.dtype, x.device) if bias is not None and want_dbias else None
-    dis = (_new_output((batch, dim, width - 1), x.dtype, x.device)
-           if initial_states is not None and want_dinitial else None)
-    rt = runtime()
-    with torch.cuda.device(x.device):
-        args = _bwd_call_args(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx, dis,
-                              dweight, dbias, None, silu)
-        nbytes = rt.bwd_workspace_bytes(*args)
-        workspace = torch.empty(max(nbytes, 16), dtype=torch.uint8, device=x.device)
-        ptrs = list(args[0])
-        ptrs[11] = workspace.data_ptr()
-        rt.bwd(tuple(ptrs), *args[1:], nbytes, ops._stream_handle(x.device))
+    if plan.dx_fresh:
+        dx = ops._empty_like(x) if plan.x_like else ops._empty_like_layout(x, x.shape)
+    device = plan.device
+    dweight = ops._empty_like(weight) if plan.dweight_like else _new_output(plan.dweight_shape, plan.w_dtype, device)
+    dbias = dis = None
+    if plan.dbias_shape is not None:
+        dbias = ops._empty_like(bias) if plan.dbias_like else _new_output(plan.dbias_shape, plan.w_dtype, device)
+    if plan.dis_shape is not None:
+        dis = (ops._empty_like(initial_states) if plan.dis_like
+               else _new_output(plan.dis_shape, plan.x_dtype, device))
+    ptrs = (x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(),
+            0 if seq_idx is None else seq_idx.data_ptr(),
+            0 if initial_states is None else initial_states.data_ptr(), dout.data_ptr(),
+            0 if dfinal_states is None else dfinal_states.data_ptr(), dx.data_ptr(),
+            0 if dis is None else dis.data_ptr(), dweight.data_ptr(), 0 if dbias is None else dbias.data_ptr())
+    if device.index == ops._current_device():
+        _launch_with_workspace(plan.launch[silu], ptrs, device)
+    else:
+        with torch.cuda.device(device):
+            _launch_with_workspace(plan.launch[silu], ptrs, device)
     if user_dx is not None and user_dx is not dx:
         user_dx.copy_(dx)
         dx = user_dx
     return dx, dweight, dbias, dis
+
+
+def _launch_with_workspace(launch, ptrs: tuple, device: torch.device) -> None:
+    """The workspace the dispatched variant needs (its size follows from the pointers'
+    alignment too), then the launch."""
+    nbytes = launch.workspace_bytes(*ptrs, 0)
+    workspace = torch.empty(max(nbytes, 16), dtype=torch.uint8, device=device)
+    launch(*ptrs, workspace.data_ptr(), nbytes, ops._raw_stream(device.index))
 
 
 def causal_conv1d_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -126,11 +220,24 @@ def causal_conv1d_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
     initial_states). dweight/dbias are summed in fp32 and returned in the
     weight's dtype. ``dx`` may be given (written in place and returned).
     """
-    silu = _validate_bwd(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, activation)
+    want_dinitial = True if return_dinitial_states else False
+    try:
+        key = _bwd_key(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx, want_dinitial, True)
+        plan = _CHECKED_PLANS.get(key)
+    except Exception:  # not tensors, or metadata that does not hash: _validate_bwd says what is wrong
+        key = plan = None
+    if plan is not None:  # the checks the key does not cover, in _validate_bwd's order
+        silu = C.check_activation(ops._FN, activation)
+        if dx is not None:
+            _check_dx_apart(x, dout, dx)
+    else:
+        silu = _validate_bwd(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, activation)
     if return_dinitial_states and initial_states is None:
         C.fail(_FN, "return_dinitial_states", "initial_states to be given", "initial_states=None")
-    return _backward_impl(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, silu, dx=dx,
-                          want_dinitial=return_dinitial_states)
+    if plan is None:
+        plan = ops._remember(_CHECKED_PLANS, key, _make_bwd_plan(x, weight, bias, seq_idx, initial_states, dout,
+                                                                 dfinal_states, dx, want_dinitial, True))
+    return _backward_planned(plan, x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx, silu)
 
 
 class CausalConv1dFn(torch.autograd.Function):
@@ -138,12 +245,16 @@ class CausalConv1dFn(torch.autograd.Function):
     pre-activation in the backward kernel."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, seq_idx, initial_states, return_final_states, final_states_out, silu):
+    def forward(ctx, x, weight, bias, seq_idx, initial_states, return_final_states, final_states_out, silu,
+                plan=None):
         fs = final_states_out
         if return_final_states and fs is None:
             fs = ops._final_states_buffer(x, weight, True)
-        out = ops._forward_impl(x, weight, bias, seq_idx, initial_states, fs if return_final_states else None,
-                                silu)
+        written = fs if return_final_states else None
+        if plan is None:  # not through causal_conv1d_fn (compat's subclass): no checked plan
+            out = ops._forward_impl(x, weight, bias, seq_idx, initial_states, written, silu)
+        else:
+            out = ops._forward_planned(plan, x, weight, bias, seq_idx, initial_states, written, silu)
         ctx.save_for_backward(x, weight, bias, seq_idx, initial_states)
         ctx.silu = silu
         ctx.return_final_states = return_final_states
@@ -162,7 +273,7 @@ class CausalConv1dFn(torch.autograd.Function):
         dx, dweight, dbias, dis = _backward_impl(
             x, weight, bias, seq_idx, initial_states, dout, dfinal, ctx.silu,
             want_dinitial=ctx.needs_input_grad[4], want_dbias=ctx.needs_input_grad[2])
-        return dx, dweight, dbias, None, dis, None, None, None
+        return dx, dweight, dbias, None, dis, None, None, None, None
 
 
 # ---- torch.compile: a backward op and the forward op's autograd formula ------------

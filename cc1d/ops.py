@@ -17,13 +17,17 @@ from ._runtime import runtime
 _FN = "causal_conv1d_fn"
 
 
-# The raw handle without building a torch.cuda.Stream object (microseconds per call).
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+# The raw handle of a device's current stream, without building a torch.cuda.Stream
+# object (microseconds per call); the slow way on a torch that lacks it.
+_raw_stream = (getattr(torch._C, "_cuda_getCurrentRawStream", None)
+               or (lambda index: torch.cuda.current_stream(index).cuda_stream))
 _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+# The fast path's allocator for outputs laid out like x (tests poison it, as _empty_like_layout).
+_empty_like = torch.empty_like
 
 
 def _stream_handle(device: torch.device) -> int:
-    if _raw_stream is not None and device.index is not None:
+    if device.index is not None:
         return _raw_stream(device.index)
     return torch.cuda.current_stream(device).cuda_stream
 
@@ -126,6 +130,107 @@ def _forward_impl(x, weight, bias, seq_idx, initial_states, final_states_out, si
     return out
 
 
+# ---- the eager fast path: one plan per call signature --------------------------------
+# A call whose tensors have the signature (type, shape, strides, dtype, device) of an
+# earlier valid call passes the same checks and gets the same runtime arguments but
+# for its pointers and stream: its plan holds those, converted once, and the call
+# reads only pointers. Memos are bounded (a server sees every prompt length).
+_MAX_PLANS = 4096
+
+
+def _sig(t: torch.Tensor) -> tuple:
+    """All that the checks and the argument building read from a tensor argument."""
+    return type(t), t.shape, t.stride(), t.dtype, t.device
+
+
+def _meta(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """t's shape, strides and dtype on the meta device: plans are built from metadata alone."""
+    return None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def _is_like(t: torch.Tensor, meta: torch.Tensor, fresh: torch.Tensor, device: torch.device) -> bool:
+    """Whether torch.empty_like(t) allocates the buffer `fresh` stands for (on `device`; meta:
+    t's stand-in): t is a plain tensor (empty_like gives a subclass its type, torch.empty does
+    not) with fresh's shape, dtype and strides, which empty_like keeps, being dense. Other
+    layouts keep the slower allocators: empty_like picks strides of its own for them, and on
+    the meta device not always CUDA's (dims of size 1)."""
+    return ((type(t) is torch.Tensor or type(t) is torch.nn.Parameter) and t.device == device
+            and (meta.shape, meta.stride(), meta.dtype) == (fresh.shape, fresh.stride(), fresh.dtype))
+
+
+def _remember(memo: dict, key: Optional[tuple], plan):
+    if key is not None:
+        if len(memo) >= _MAX_PLANS:
+            memo.clear()
+        memo[key] = plan
+    return plan
+
+
+class _FwdPlan:
+    """A checked forward signature: the runtime's arguments but pointers and stream
+    (``launch[silu]``), whether x must be made contiguous, whether out is
+    ``torch.empty_like(x)`` (else _empty_like_layout) and x's device index."""
+    __slots__ = ("launch", "contiguous", "out_like_x", "device")
+
+    def __init__(self, launch: tuple, contiguous: bool, out_like_x: bool, device: Optional[int]) -> None:
+        self.launch = launch
+        self.contiguous = contiguous
+        self.out_like_x = out_like_x
+        self.device = device
+
+
+# causal_conv1d_fn's plans, by _fwd_key: only calls that passed _validate add one.
+_FWD_PLANS: dict = {}
+
+
+def _fwd_key(x, weight, bias, seq_idx, initial_states, final_states_out, return_final_states: bool) -> tuple:
+    """causal_conv1d_fn's memo key: all that _validate reads but the activation (checked on
+    every call) and all that its plan follows from. Raises for arguments that are not tensors."""
+    return (type(x), x.shape, x.stride(), x.dtype, x.device,
+            type(weight), weight.shape, weight.stride(), weight.dtype, weight.device,
+            None if bias is None else _sig(bias), None if seq_idx is None else _sig(seq_idx),
+            None if initial_states is None else _sig(initial_states),
+            None if final_states_out is None else _sig(final_states_out), return_final_states)
+
+
+def _make_fwd_plan(x, weight, bias, seq_idx, initial_states, final_states_out,
+                   return_final_states: bool) -> _FwdPlan:
+    """The plan of a checked call: causal_conv1d_fn's allocations and _fwd_call_args, run on
+    meta stand-ins."""
+    xm, wm = _meta(x), _meta(weight)
+    fs = None
+    if return_final_states:
+        fs = _final_states_buffer(xm, wm, True) if final_states_out is None else _meta(final_states_out)
+    sb, sd, sl = _inner_strides(xm)
+    contiguous = sl != 1 and sd != 1
+    if contiguous:
+        xm = xm.contiguous()
+    out = _empty_like_layout(xm, xm.shape)
+    _, sizes, strides, x_dtype, w_dtype, _, _ = _fwd_call_args(
+        xm, wm, _meta(bias), _meta(seq_idx), _meta(initial_states), fs, out, False, 0)
+    rt = runtime()
+    launch = tuple(rt.FwdPlan(sizes, strides, x_dtype, w_dtype, silu) for silu in (False, True))
+    return _FwdPlan(launch, contiguous, _is_like(x, xm, out, x.device), x.device.index)
+
+
+def _forward_planned(plan: _FwdPlan, x, weight, bias, seq_idx, initial_states, final_states, silu: bool):
+    """_forward_impl of a call with a plan: allocate out, read the pointers, launch."""
+    if plan.contiguous:
+        x = x.contiguous()  # neither inner stride is 1: the kernels need one of them
+    out = _empty_like(x) if plan.out_like_x else _empty_like_layout(x, x.shape)
+    ptrs = (x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(),
+            0 if seq_idx is None else seq_idx.data_ptr(),
+            0 if initial_states is None else initial_states.data_ptr(), out.data_ptr(),
+            0 if final_states is None else final_states.data_ptr())
+    device = plan.device
+    if device == _current_device():
+        plan.launch[silu](*ptrs, _raw_stream(device))
+    else:
+        with torch.cuda.device(device):
+            plan.launch[silu](*ptrs, _raw_stream(device))
+    return out
+
+
 # A functional op (no mutated arguments): torch.compile handles it without
 # auto-functionalization; a caller's final_states_out is filled by a copy.
 @torch.library.custom_op("cc1d::causal_conv1d_fwd", mutates_args=())
@@ -165,22 +270,35 @@ def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     or ``(out, final_states)`` with ``return_final_states``; final_states is
     (batch, dim, width-1), written into ``final_states_out`` when given.
     """
-    silu = _validate(x, weight, bias, seq_idx, initial_states, final_states_out, activation)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():  # first: the memo below is no graph's business
+        silu = _validate(x, weight, bias, seq_idx, initial_states, final_states_out, activation)
         out, fs = _fwd_op(x, weight, bias, seq_idx, initial_states, return_final_states, silu)
         if return_final_states and final_states_out is not None:
             final_states_out.copy_(fs)
             fs = final_states_out
         return (out, fs) if return_final_states else out
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                       for t in (x, weight, bias, initial_states)):
+    want_fs = True if return_final_states else False
+    try:
+        key = _fwd_key(x, weight, bias, seq_idx, initial_states, final_states_out, want_fs)
+        plan = _FWD_PLANS.get(key)
+    except Exception:  # not tensors, or metadata that does not hash: _validate says what is wrong
+        key = plan = None
+    if plan is not None:
+        silu = C.check_activation(_FN, activation)  # the one check the key does not cover
+    else:
+        silu = _validate(x, weight, bias, seq_idx, initial_states, final_states_out, activation)
+        plan = _remember(_FWD_PLANS, key, _make_fwd_plan(x, weight, bias, seq_idx, initial_states,
+                                                         final_states_out, want_fs))
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad)
+                                    or (initial_states is not None and initial_states.requires_grad)):
         return _backward.CausalConv1dFn.apply(x, weight, bias, seq_idx, initial_states, return_final_states,
-                                    final_states_out, silu)
-    if return_final_states and final_states_out is None:
+                                              final_states_out, silu, plan)
+    if not want_fs:
+        return _forward_planned(plan, x, weight, bias, seq_idx, initial_states, None, silu)
+    if final_states_out is None:
         final_states_out = _final_states_buffer(x, weight, True)
-    fs = final_states_out if return_final_states else None
-    out = _forward_impl(x, weight, bias, seq_idx, initial_states, fs, silu)
-    return (out, final_states_out) if return_final_states else out
+    return _forward_planned(plan, x, weight, bias, seq_idx, initial_states, final_states_out, silu), final_states_out
 
 
 class _Planned:

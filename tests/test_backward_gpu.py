@@ -38,9 +38,10 @@ def warm_compile_cache(rt):
 @pytest.fixture(autouse=True)
 def poison_gradient_buffers(monkeypatch):
     """Every buffer the backward allocates starts as NaN: an unwritten element fails."""
-    real_layout, real_new = ops._empty_like_layout, backward._new_output
+    real_layout, real_like, real_new = ops._empty_like_layout, ops._empty_like, backward._new_output
     monkeypatch.setattr(ops, "_empty_like_layout",
                         lambda x, shape, dtype=None: real_layout(x, shape, dtype).fill_(float("nan")))
+    monkeypatch.setattr(ops, "_empty_like", lambda x: real_like(x).fill_(float("nan")))
     monkeypatch.setattr(backward, "_new_output",
                         lambda shape, dtype, device: real_new(shape, dtype, device).fill_(float("nan")))
 

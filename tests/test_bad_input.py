@@ -124,6 +124,8 @@ FWD_ENTRY_POINTS: dict[str, Callable] = {
     "select_fwd": lambda rt, a: rt.select_fwd(*a, 0, ARCH),
     "explain_fwd": lambda rt, a: rt.explain_fwd(*a, 0, ARCH),
     "prepare_fwd": lambda rt, a: rt.prepare_fwd(*a, device=-1),
+    # a plan converts all but the pointers and the stream once; its call is fwd's
+    "FwdPlan": lambda rt, a: rt.FwdPlan(*a[1:])(*a[0], 0),
 }
 
 # ---- backward --------------------------------------------------------------------
@@ -147,7 +149,7 @@ def bwd_call(*, sizes=(2, 16, 128, 4), layout="cf", x_dtype=BF16, w_dtype=F32, s
     return tuple(ptrs[n] for n in BWD_NAMES), sizes, strides, x_dtype, w_dtype, silu
 
 
-LAUNCHING = ("bwd", "launch_bwd")  # the workspace is checked only where kernels run
+LAUNCHING = ("bwd", "launch_bwd", "BwdPlan")  # the workspace is checked only where kernels run
 
 BWD_CASES = [
     Case("width-0", dict(sizes=(2, 16, 128, 0)), ValueError, r"width must be in \[2, 8\], got 0"),
@@ -193,6 +195,8 @@ BWD_ENTRY_POINTS: dict[str, Callable] = {
     "select_bwd": lambda rt, a: rt.select_bwd(*a, arch=ARCH),
     "explain_bwd": lambda rt, a: rt.explain_bwd(*a, arch=ARCH),
     "prepare_bwd": lambda rt, a: rt.prepare_bwd(*a, device=-1),
+    "BwdPlan": lambda rt, a: rt.BwdPlan(*a[1:])(*a[0], WORKSPACE, 0),
+    "BwdPlan.workspace_bytes": lambda rt, a: rt.BwdPlan(*a[1:]).workspace_bytes(*a[0]),
 }
 
 
@@ -415,7 +419,8 @@ class Op:
 OPS = {
     "fwd": Op(fwd_call, FWD_CASES, FWD_ENTRY_POINTS, deciding=("select_fwd", "explain_fwd"), explain="explain_fwd"),
     "bwd": Op(bwd_call, BWD_CASES, BWD_ENTRY_POINTS,
-              deciding=("bwd_workspace_bytes", "select_bwd", "explain_bwd"), explain="explain_bwd"),
+              deciding=("bwd_workspace_bytes", "select_bwd", "explain_bwd", "BwdPlan.workspace_bytes"),
+              explain="explain_bwd"),
     "upd": Op(upd_call, UPD_CASES, UPD_ENTRY_POINTS, deciding=("select_upd", "explain_upd"), explain="explain_upd"),
     "vfwd": Op(varlen_call, VFWD_CASES, VFWD_ENTRY_POINTS, deciding=("select_varlen", "explain_varlen"),
                explain="explain_varlen"),

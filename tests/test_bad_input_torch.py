@@ -808,9 +808,10 @@ def _poison(mp: pytest.MonkeyPatch) -> None:
     """Every buffer the API allocates starts as NaN: an unwritten element fails."""
     from cc1d import ops
     nan = float("nan")
-    real_layout, real_new = ops._empty_like_layout, backward._new_output
+    real_layout, real_like, real_new = ops._empty_like_layout, ops._empty_like, backward._new_output
     real_upd, real_vl, real_states = update._new_out, varlen._empty_like_layout, varlen._new_states
     mp.setattr(ops, "_empty_like_layout", lambda x, shape, dtype=None: real_layout(x, shape, dtype).fill_(nan))
+    mp.setattr(ops, "_empty_like", lambda x: real_like(x).fill_(nan))
     mp.setattr(backward, "_new_output", lambda shape, dtype, device: real_new(shape, dtype, device).fill_(nan))
     mp.setattr(update, "_new_out", lambda x: real_upd(x).fill_(nan))
     mp.setattr(varlen, "_empty_like_layout", lambda x: real_vl(x).fill_(nan))

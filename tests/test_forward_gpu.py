@@ -36,12 +36,14 @@ def warm_compile_cache(rt):
 
 @pytest.fixture(autouse=True)
 def poison_api_outputs(monkeypatch):
-    """The API allocates its outputs through ops._empty_like_layout: fill them with NaN."""
-    real = ops._empty_like_layout
+    """The API allocates its outputs through ops._empty_like_layout and ops._empty_like
+    (the planned fast path): fill them with NaN."""
+    real, real_like = ops._empty_like_layout, ops._empty_like
 
     def poisoned_alloc(x, shape, dtype=None):
         return real(x, shape, dtype).fill_(float("nan"))
     monkeypatch.setattr(ops, "_empty_like_layout", poisoned_alloc)
+    monkeypatch.setattr(ops, "_empty_like", lambda x: real_like(x).fill_(float("nan")))
 
 
 def _check_variant(rt, variant, case, seed):

@@ -1,5 +1,6 @@
 // pybind11 module cc1d._cc1d: a thin layer over the C++ API. The fwd and bwd
-// paths are timed for host overhead: plain ints in, fixed-size arrays, no dicts.
+// paths are timed for host overhead: plain ints in, fixed-size arrays, no dicts;
+// FwdPlan and BwdPlan take only the per-call ints (pointers, stream).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -42,10 +43,7 @@ using UpdStrides = std::array<int64_t, 15>;
 
 template <class T> T* as_ptr(int64_t v) { return reinterpret_cast<T*>(static_cast<uintptr_t>(v)); }
 
-FwdArgs make_args(const Ptrs& ptrs, const Sizes& sizes, const Strides& s, int x_dtype, int w_dtype,
-                  bool silu, int64_t stream) {
-  FwdArgs a;
-  FwdParams& p = a.p;
+void set_ptrs(FwdParams& p, const Ptrs& ptrs) {
   p.x = as_ptr<const void>(ptrs[0]);
   p.weight = as_ptr<const void>(ptrs[1]);
   p.bias = as_ptr<const void>(ptrs[2]);
@@ -53,6 +51,13 @@ FwdArgs make_args(const Ptrs& ptrs, const Sizes& sizes, const Strides& s, int x_
   p.initial_states = as_ptr<const void>(ptrs[4]);
   p.out = as_ptr<void>(ptrs[5]);
   p.final_states = as_ptr<void>(ptrs[6]);
+}
+
+FwdArgs make_args(const Ptrs& ptrs, const Sizes& sizes, const Strides& s, int x_dtype, int w_dtype,
+                  bool silu, int64_t stream) {
+  FwdArgs a;
+  FwdParams& p = a.p;
+  set_ptrs(p, ptrs);
   p.batch = sizes[0];
   p.dim = sizes[1];
   p.seqlen = sizes[2];
@@ -68,10 +73,7 @@ FwdArgs make_args(const Ptrs& ptrs, const Sizes& sizes, const Strides& s, int x_
   return a;
 }
 
-BwdArgs make_bwd_args(const BwdPtrs& ptrs, const Sizes& sizes, const BwdStrides& s, int x_dtype, int w_dtype,
-                      bool silu, size_t workspace_bytes, int64_t stream) {
-  BwdArgs a;
-  BwdParams& p = a.p;
+void set_ptrs(BwdParams& p, const BwdPtrs& ptrs) {
   p.x = as_ptr<const void>(ptrs[0]);
   p.weight = as_ptr<const void>(ptrs[1]);
   p.bias = as_ptr<const void>(ptrs[2]);
@@ -84,6 +86,13 @@ BwdArgs make_bwd_args(const BwdPtrs& ptrs, const Sizes& sizes, const BwdStrides&
   p.dweight = as_ptr<void>(ptrs[9]);
   p.dbias = as_ptr<void>(ptrs[10]);
   p.partials = as_ptr<float>(ptrs[11]);
+}
+
+BwdArgs make_bwd_args(const BwdPtrs& ptrs, const Sizes& sizes, const BwdStrides& s, int x_dtype, int w_dtype,
+                      bool silu, size_t workspace_bytes, int64_t stream) {
+  BwdArgs a;
+  BwdParams& p = a.p;
+  set_ptrs(p, ptrs);
   p.batch = sizes[0];
   p.dim = sizes[1];
   p.seqlen = sizes[2];
@@ -154,6 +163,17 @@ UpdArgs make_upd_args(const UpdPtrs& ptrs, const UpdSizes& sizes, const UpdStrid
   a.stream = as_ptr<void>(stream);
   return a;
 }
+
+// A call's sizes, strides, dtypes and activation, converted once. The PyTorch API
+// keeps one per call signature, so that a call converts only its pointers and
+// stream: converting fwd()'s and bwd()'s tuples costs more than the rest of the
+// binding. The calls check and dispatch exactly as fwd() and bwd() do.
+struct FwdPlan {
+  FwdArgs args;
+};
+struct BwdPlan {
+  BwdArgs args;
+};
 
 py::dict variant_dict(const KernelVariant& v) {
   py::dict d;
@@ -270,6 +290,27 @@ PYBIND11_MODULE(_cc1d, m) {
       py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
       py::arg("silu"), py::arg("stream"));
 
+  py::class_<FwdPlan>(m, "FwdPlan",
+                      "FwdPlan(sizes, strides, x_dtype, w_dtype, silu): fwd's arguments but the pointers and the "
+                      "stream, converted once; plan(x, weight, bias, seq_idx, initial_states, out, final_states, "
+                      "stream) is fwd((x, ..., final_states), sizes, strides, x_dtype, w_dtype, silu, stream).")
+      .def(py::init([](const Sizes& sizes, const Strides& strides, int x_dtype, int w_dtype, bool silu) {
+             return FwdPlan{make_args(Ptrs{}, sizes, strides, x_dtype, w_dtype, silu, 0)};
+           }),
+           py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"), py::arg("silu"))
+      .def(
+          "__call__",
+          [](const FwdPlan& plan, int64_t x, int64_t weight, int64_t bias, int64_t seq_idx, int64_t initial_states,
+             int64_t out, int64_t final_states, int64_t stream) {
+            FwdArgs a = plan.args;
+            set_ptrs(a.p, Ptrs{x, weight, bias, seq_idx, initial_states, out, final_states});
+            a.stream = as_ptr<void>(stream);
+            py::gil_scoped_release nogil;
+            causal_conv1d_fwd(a);
+          },
+          py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("seq_idx"), py::arg("initial_states"),
+          py::arg("out"), py::arg("final_states"), py::arg("stream"));
+
   m.def(
       "launch_fwd",
       [](const py::dict& variant, const Ptrs& ptrs, const Sizes& sizes, const Strides& strides, int x_dtype,
@@ -384,6 +425,47 @@ PYBIND11_MODULE(_cc1d, m) {
       "the call needs (splits * dim * (width + 1) * 4 for the variant dispatch picks). partials may be 0. "
       "arch='' takes the target of x's device (and then compiles and loads the kernels, as prepare_bwd). "
       "Touches no memory.");
+
+  py::class_<BwdPlan>(m, "BwdPlan",
+                      "BwdPlan(sizes, strides, x_dtype, w_dtype, silu): bwd's arguments but the pointers, "
+                      "workspace_bytes and the stream, converted once. plan.workspace_bytes(<12 pointers>) is "
+                      "bwd_workspace_bytes(<12 pointers>, ..., arch=''); plan(<12 pointers>, workspace_bytes, stream) "
+                      "is bwd. Pointers in bwd's order: x, weight, bias, seq_idx, initial_states, dout, "
+                      "dfinal_states, dx, dinitial_states, dweight, dbias, partials.")
+      .def(py::init([](const Sizes& sizes, const BwdStrides& strides, int x_dtype, int w_dtype, bool silu) {
+             return BwdPlan{make_bwd_args(BwdPtrs{}, sizes, strides, x_dtype, w_dtype, silu, 0, 0)};
+           }),
+           py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"), py::arg("silu"))
+      .def(
+          "workspace_bytes",
+          [](const BwdPlan& plan, int64_t x, int64_t weight, int64_t bias, int64_t seq_idx, int64_t initial_states,
+             int64_t dout, int64_t dfinal_states, int64_t dx, int64_t dinitial_states, int64_t dweight,
+             int64_t dbias, int64_t partials) {
+            BwdArgs a = plan.args;
+            set_ptrs(a.p, BwdPtrs{x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx,
+                                  dinitial_states, dweight, dbias, partials});
+            py::gil_scoped_release nogil;  // a first decision may read DB files, compile and load
+            return cc1d::bwd_workspace_bytes(a, "");
+          },
+          py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("seq_idx"), py::arg("initial_states"),
+          py::arg("dout"), py::arg("dfinal_states"), py::arg("dx"), py::arg("dinitial_states"), py::arg("dweight"),
+          py::arg("dbias"), py::arg("partials"))
+      .def(
+          "__call__",
+          [](const BwdPlan& plan, int64_t x, int64_t weight, int64_t bias, int64_t seq_idx, int64_t initial_states,
+             int64_t dout, int64_t dfinal_states, int64_t dx, int64_t dinitial_states, int64_t dweight,
+             int64_t dbias, int64_t partials, size_t workspace_bytes, int64_t stream) {
+            BwdArgs a = plan.args;
+            set_ptrs(a.p, BwdPtrs{x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx,
+                                  dinitial_states, dweight, dbias, partials});
+            a.workspace_bytes = workspace_bytes;
+            a.stream = as_ptr<void>(stream);
+            py::gil_scoped_release nogil;
+            causal_conv1d_bwd(a);
+          },
+          py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("seq_idx"), py::arg("initial_states"),
+          py::arg("dout"), py::arg("dfinal_states"), py::arg("dx"), py::arg("dinitial_states"), py::arg("dweight"),
+          py::arg("dbias"), py::arg("partials"), py::arg("workspace_bytes"), py::arg("stream"));
 
   m.def(
       "launch_bwd",
