@@ -29,8 +29,15 @@ CASES = [
 
 
 def _peer_bwd():
+    """The peer's backward as its autograd Function calls it: (x, w, b, dout, seq_idx,
+    initial_states, dfinal_states, dx, return_dinitial_states, silu) -> (dx, dw, db, dinit)."""
     try:
-        import causal_conv1d_cuda  # the peer's extension: causal_conv1d_bwd(x, w, b, dout, seq_idx, ...)
+        from causal_conv1d.cpp_functions import causal_conv1d_bwd_function  # 1.6
+        return causal_conv1d_bwd_function
+    except ImportError:
+        pass
+    try:
+        import causal_conv1d_cuda  # before 1.6 the extension had this signature itself
         return causal_conv1d_cuda.causal_conv1d_bwd
     except ImportError:
         return None
