@@ -260,7 +260,7 @@ FWD_CL = Space(
     ),
     constraints=(_vec_fits, _cl_tile_fits, _cl_registers_fit, _regs_distinct),
     preferred=(dict(threads=64, vec_bytes=8, tile_d=128, rows_per_thread=4, max_regs=128, widths=(2, 3, 4)),
-               dict(threads=64, vec_bytes=8, tile_d=128, rows_per_thread=2, max_regs=128, widths=(5, 6)),
+               dict(threads=64, vec_bytes=8, tile_d=128, rows_per_thread=2, max_regs=128, widths=(5,)),  # 6 spills here
                dict(threads=64, vec_bytes=8, tile_d=128, rows_per_thread=4, max_regs=255),
                dict(threads=128, vec_bytes=8, tile_d=64, rows_per_thread=1, max_regs=255)),
     geometry=_cl_geometry,
