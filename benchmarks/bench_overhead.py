@@ -22,11 +22,8 @@ import torch
 import cc1d
 from cc1d import ops
 from cc1d._runtime import runtime
+from bench_python_path import DTYPE, SHAPE, WIDTH, _NoOpFn, _inputs  # one shape and floor for both
 from timing import graph_time_us, host_time_us
-
-WIDTH = 4
-SHAPE = (1, 64, 128)  # (batch, dim, seqlen): a kernel shorter than a launch
-DTYPE = torch.bfloat16
 
 
 def _peer():
@@ -35,15 +32,6 @@ def _peer():
         return peer
     except ImportError:
         return None
-
-
-def _inputs(layout: str):
-    b, d, n = SHAPE
-    x = (torch.randn(b, d, n, device="cuda", dtype=DTYPE) if layout == "cf"
-         else torch.randn(b, n, d, device="cuda", dtype=DTYPE).transpose(1, 2))
-    w = torch.randn(d, WIDTH, device="cuda", dtype=DTYPE) / WIDTH ** 0.5
-    bias = torch.randn(d, device="cuda", dtype=DTYPE)
-    return x, w, bias
 
 
 def _bare_call(x, w, bias):
@@ -65,23 +53,9 @@ def _plan_call(x, w, bias):
     return lambda: plan(*ptrs, stream)
 
 
-class _NoOpFn(torch.autograd.Function):
-    """The floor of a custom autograd op: allocate the output and the gradients, launch nothing."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias):
-        ctx.save_for_backward(x, weight, bias)
-        return torch.empty_like(x)
-
-    @staticmethod
-    def backward(ctx, dout):
-        x, weight, bias = ctx.saved_tensors
-        return torch.empty_like(x), torch.empty_like(weight), torch.empty_like(bias)
-
-
 def _training_steps(layout: str):
     """Forward + torch.autograd.grad (x, weight, bias need grad): through cc1d, and through _NoOpFn."""
-    x, w, bias = (t.detach().requires_grad_() for t in _inputs(layout))
+    x, w, bias = _inputs(layout, "cuda", grad=True)
     dout = torch.randn_like(x)
     inputs = (x, w, bias)
     return [(lambda: torch.autograd.grad(cc1d.causal_conv1d_fn(x, w, bias, activation="silu"), inputs, dout)),
@@ -94,7 +68,7 @@ def cases(peer):
     nor can autograd's steps."""
     out = []
     for layout in ("cf", "cl"):
-        x, w, bias = _inputs(layout)
+        x, w, bias = _inputs(layout, "cuda")
         out.append(("cc1d.causal_conv1d_fn", layout,
                     lambda x=x, w=w, bias=bias: cc1d.causal_conv1d_fn(x, w, bias, activation="silu"), True))
         out.append(("cc1d._cc1d.fwd (bare runtime call)", layout, _bare_call(x, w, bias), False))
@@ -102,7 +76,7 @@ def cases(peer):
         if peer is not None:
             out.append(("causal_conv1d.causal_conv1d_fn", layout,
                         lambda x=x, w=w, bias=bias: peer(x, w, bias, activation="silu"), True))
-    x, _, _ = _inputs("cf")
+    x, _, _ = _inputs("cf", "cuda")
     y = torch.empty_like(x)
     out.append(("torch.mul(x, 1, out=y) (one kernel, for scale)", "cf", lambda: torch.mul(x, 1.0, out=y), True))
     for layout in ("cf", "cl"):

@@ -31,7 +31,7 @@ import cc1d
 from cc1d import backward, ops
 
 WIDTH = 4
-SHAPE = (1, 64, 128)  # (batch, dim, seqlen), as bench_overhead.py: a kernel shorter than a launch
+SHAPE = (1, 64, 128)  # (batch, dim, seqlen), bench_overhead.py's too: a kernel shorter than a launch
 DTYPE = torch.bfloat16
 
 
