@@ -2,7 +2,10 @@
 
 On the device:  python -P benchmarks/sanitize.py --out sanitize/          (bounded: every
 family's default/fallback chain plus a seeded sample of its tuned space)
-                python -P benchmarks/sanitize.py --all --out sanitize/    (every variant)
+                python -P benchmarks/sanitize.py --cover --out sanitize/  (every family's fallback
+chain, every value of each of its tunables, and the pairwise covering set of each op and layout)
+                python -P benchmarks/sanitize.py --all --out sanitize/    (every variant: about
+100,000 for sm_90, days of compiling; split it with --match)
 Without a GPU:  python -P benchmarks/sanitize.py --list                   (the plan only)
 
 For each tool (memcheck, racecheck, initcheck) a child python process runs the
@@ -30,11 +33,13 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
 TOOLS = ("memcheck", "racecheck", "initcheck")
 MARK = "CC1D-SANITIZE-VARIANT "
+UNEXERCISED = "CC1D-SANITIZE-NOT-RUN "
 # (batch, dim, seqlen, features) per op: awkward sizes; the second one multiples of
 # 8 elements in dim and seqlen, so variants needing 16-byte rows run too.
 SHAPES = {
@@ -48,20 +53,28 @@ SHAPES = {
 SAMPLE = 4  # tuned-space variants per family beyond its fallback chain (without --all)
 
 
-def plan(ops=tuple(SHAPES), *, everything: bool = False, sample: int = SAMPLE, arch: str = "sm_90",
-         seed: int = 0, match: str = "") -> list[dict]:
-    """[{op, family, variant}]: each family's fallback chain, plus `sample` of its space (or all of it);
+def plan(ops=tuple(SHAPES), *, everything: bool = False, cover: bool = False, sample: int = SAMPLE,
+         arch: str = "sm_90", seed: int = 0, match: str = "") -> list[dict]:
+    """[{op, family, variant}]: each family's fallback chain, plus `sample` of its space, or with
+    `cover` its per-family cover and its share of the op's pairwise covering set (or all of it);
     `match`: only families whose key matches this regular expression (e.g. "w4$")."""
     from cc1d.generator import fallback_chain, families, variants
+    from cc1d.generator.covering import covering_variants, family_cover
     rng = random.Random(seed)
     rows = []
     for fam in families():
         if fam.op not in ops or (match and not re.search(match, fam.key())):
             continue
         chosen = [v.key() for v in fallback_chain(fam, arch)]
-        space = [v.key() for v in variants(fam, arch)]
-        rest = [k for k in space if k not in chosen]
-        chosen += rest if everything else rng.sample(rest, min(sample, len(rest)))
+        if cover:
+            chosen += [v.key() for v in family_cover(fam, arch)]
+            chosen += [v.key() for v in covering_variants(fam.op, fam.layout, arch) if v.family == fam]
+        elif everything:
+            chosen += [v.key() for v in variants(fam, arch)]
+        else:
+            space = [v.key() for v in variants(fam, arch)]
+            rest = [k for k in space if k not in chosen]
+            chosen += rng.sample(rest, min(sample, len(rest)))
         rows += [dict(op=fam.op, family=fam.key(), variant=k) for k in dict.fromkeys(chosen)]
     return rows
 
@@ -69,6 +82,8 @@ def plan(ops=tuple(SHAPES), *, everything: bool = False, sample: int = SAMPLE, a
 # ---- parsing compute-sanitizer output ----------------------------------------------
 
 _SUMMARY = re.compile(r"^========= ERROR SUMMARY: (\d+) errors?")
+# racecheck ends with its own line; its warnings (possible hazards) count as errors here.
+_RACE_SUMMARY = re.compile(r"^========= RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
 # A report's first line: "========= Invalid __global__ read ...", "========= Error: Race reported ...",
 # "========= Uninitialized __global__ memory read ...". Detail lines are indented.
 _REPORT = re.compile(r"^========= (?! )(?!ERROR SUMMARY|RACECHECK SUMMARY|COMPUTE-SANITIZER|Target application"
@@ -77,9 +92,10 @@ _REPORT = re.compile(r"^========= (?! )(?!ERROR SUMMARY|RACECHECK SUMMARY|COMPUT
 
 def parse(output: str) -> dict:
     """{"summary_errors": int | None, "by_variant": {key: [first lines of its reports]},
-    "launched": [keys], "unattributed": [reports before any marker]}."""
+    "launched": [keys], "unattributed": [reports before any marker],
+    "not_run": [keys no shape could launch (requirements)]}."""
     by_variant: dict[str, list[str]] = defaultdict(list)
-    launched, unattributed = [], []
+    launched, unattributed, not_run = [], [], []
     current = None
     summary = None
     for line in output.splitlines():
@@ -87,14 +103,67 @@ def parse(output: str) -> dict:
             current = line[len(MARK):].strip()
             launched.append(current)
             continue
+        if line.startswith(UNEXERCISED):
+            not_run.append(line[len(UNEXERCISED):].strip())
+            continue
         m = _SUMMARY.match(line)
         if m:
             summary = int(m.group(1))
             continue
+        m = _RACE_SUMMARY.match(line)
+        if m:
+            summary = int(m.group(1)) + int(m.group(2))
+            continue
         m = _REPORT.match(line)
         if m:
             (by_variant[current] if current else unattributed).append(m.group(1).strip())
-    return dict(summary_errors=summary, by_variant=dict(by_variant), launched=launched, unattributed=unattributed)
+    return dict(summary_errors=summary, by_variant=dict(by_variant), launched=launched, unattributed=unattributed,
+                not_run=not_run)
+
+
+def shard(rows: list[dict], jobs: int) -> list[list[dict]]:
+    """The plan in `jobs` parts, whole families each (a child loads a family's space once), balanced by size."""
+    by_family: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_family[r["family"]].append(r)
+    parts: list[list[dict]] = [[] for _ in range(max(1, min(jobs, len(by_family))))]
+    for fam in sorted(by_family, key=lambda f: -len(by_family[f])):
+        min(parts, key=len).extend(by_family[fam])
+    return parts
+
+
+def merge(parsed: list[dict]) -> dict:
+    """One parse() result from the logs of the shards that ran concurrently."""
+    by_variant: dict[str, list[str]] = defaultdict(list)
+    for r in parsed:
+        for key, reports in r["by_variant"].items():
+            by_variant[key] += reports
+    summaries = [r["summary_errors"] for r in parsed]
+    return dict(summary_errors=None if None in summaries else sum(summaries), by_variant=dict(by_variant),
+                launched=[k for r in parsed for k in r["launched"]],
+                unattributed=[m for r in parsed for m in r["unattributed"]],
+                not_run=[k for r in parsed for k in r["not_run"]])
+
+
+def run_tool(sanitizer_cmd: list[str], tool: str, out: Path, shards: int, env: dict) -> dict:
+    """Runs the children of plan.0.json .. plan.<shards-1>.json under the sanitizer at once, then
+    joins their logs into <out>/<tool>.log (shard by shard) and their parses into one result."""
+    start = time.monotonic()
+    logs = [out / f"{tool}.{i}.log" for i in range(shards)]
+    procs = []
+    for i, log in enumerate(logs):
+        with open(log, "w") as f:
+            procs.append(subprocess.Popen([*sanitizer_cmd, sys.executable, "-P", str(Path(__file__).resolve()),
+                                           "--child", str(out / f"plan.{i}.json")],
+                                          stdout=f, stderr=subprocess.STDOUT, env=env))
+    codes = [proc.wait() for proc in procs]
+    texts = [log.read_text() for log in logs]
+    (out / f"{tool}.log").write_text("".join(f"##### shard {i}, exit {c}\n{t}" for i, (c, t) in
+                                             enumerate(zip(codes, texts))))
+    for log in logs:
+        log.unlink()
+    return dict(merge([parse(t) for t in texts]), exit_code=max(codes, key=abs),
+                seconds=round(time.monotonic() - start, 1), processes=shards)
 
 
 def summarize(rows: list[dict], results: dict[str, dict]) -> dict:
@@ -109,8 +178,9 @@ def summarize(rows: list[dict], results: dict[str, dict]) -> dict:
             out[op]["tools"][tool] = dict(launched=0, errors=0, api_reports=0, failing=[],
                                           summary_errors=res["summary_errors"],
                                           unattributed=len(res["unattributed"]), exit_code=res.get("exit_code"))
+        not_run = set(res.get("not_run", ()))
         for key in dict.fromkeys(res["launched"]):
-            if key in op_of:
+            if key in op_of and key not in not_run:
                 out[op_of[key]]["tools"][tool]["launched"] += 1
         for key, reports in res["by_variant"].items():
             t = out[op_of[key]]["tools"][tool]
@@ -159,16 +229,20 @@ def child(plan_file: str) -> int:
                 continue
             kernel = v.as_runtime_dict()
             print(MARK + v.key(), flush=True)
+            ran = 0
             for b, d, l, feats in SHAPES[fam.op]:
                 shape = Shape(fam.op, fam.layout, fam.x_dtype, fam.w_dtype, fam.width, b, d, l, **feats)
                 inputs = problem.make_inputs(shape, seed=b * 1000 + l, device="cuda")
                 outputs = problem.make_outputs(shape, inputs)
                 try:
                     problem.launch(rt, kernel, shape, inputs, outputs, stream)
+                    ran += 1
                 except ValueError as exc:  # the variant's stated requirement does not hold for this shape
                     skipped += 1
                     print(f"skip {v.key()} {b}x{d}x{l}: {exc}", flush=True)
                 torch.cuda.synchronize()
+            if not ran:  # no shape met its requirements: it did not run at all
+                print(UNEXERCISED + v.key(), flush=True)
     print(f"done; {skipped} (variant, shape) pairs skipped by requirement", flush=True)
     return 0
 
@@ -205,9 +279,13 @@ def find_sanitizer() -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--all", action="store_true", help="every variant of every family (long)")
+    p.add_argument("--cover", action="store_true",
+                   help="fallback chains, every tunable value per family, and the pairwise covering sets")
     p.add_argument("--ops", default=",".join(SHAPES), help="comma-separated op families")
     p.add_argument("--sample", type=int, default=SAMPLE, help="tuned-space variants per family")
     p.add_argument("--tools", default=",".join(TOOLS))
+    p.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2),
+                   help="sanitizer processes at once (each takes whole families of the plan)")
     p.add_argument("--match", default="", help="only families whose key matches this regex, e.g. 'w4$'")
     p.add_argument("--out", default="sanitize", help="folder for sanitize.json / sanitize.md / logs")
     p.add_argument("--list", action="store_true", help="print the plan and exit (no GPU needed)")
@@ -215,7 +293,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.child:
         return child(args.child)
-    rows = plan(tuple(args.ops.split(",")), everything=args.all, sample=args.sample, match=args.match)
+    rows = plan(tuple(args.ops.split(",")), everything=args.all, cover=args.cover, sample=args.sample,
+                match=args.match)
     if args.list:
         for r in rows:
             print(r["family"], r["variant"])
@@ -228,14 +307,15 @@ def main(argv=None) -> int:
     precompile(rows)
     env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
     results = {}
+    shards = shard(rows, args.jobs)
+    for i, part in enumerate(shards):
+        (out / f"plan.{i}.json").write_text(json.dumps(part))
     for tool in args.tools.split(","):
-        cmd = [sanitizer, "--tool", tool, "--print-limit", "20",
-               sys.executable, "-P", str(Path(__file__).resolve()), "--child", str(out / "plan.json")]
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        (out / f"{tool}.log").write_text(r.stdout + r.stderr)
-        results[tool] = dict(parse(r.stdout + r.stderr), exit_code=r.returncode)
-        print(f"{tool}: exit {r.returncode}, {len(set(results[tool]['launched']))} variants launched, "
-              f"summary errors {results[tool]['summary_errors']}", flush=True)
+        results[tool] = run_tool([sanitizer, "--tool", tool, "--print-limit", "20"], tool, out, len(shards), env)
+        print(f"{tool}: exit {results[tool]['exit_code']}, {len(set(results[tool]['launched']))} variants launched, "
+              f"summary errors {results[tool]['summary_errors']}, {results[tool]['seconds']} s", flush=True)
+    for i in range(len(shards)):
+        (out / f"plan.{i}.json").unlink()
     summary = summarize(rows, results)
     command = "python -P benchmarks/sanitize.py " + " ".join(argv if argv is not None else sys.argv[1:])
     (out / "sanitize.json").write_text(json.dumps(dict(command=command, summary=summary, results=results), indent=1))

@@ -17,7 +17,7 @@ import cc1d  # noqa: E402
 from cc1d import backward, ops  # noqa: E402
 
 from conftest import precompile  # noqa: E402
-from covering import all_covering  # noqa: E402
+from cc1d.generator.covering import all_covering  # noqa: E402
 from fwd_cases import TORCH_DTYPES, Case, make_inputs, poisoned, rel_l2  # noqa: E402
 from fwd_cases import _layout as place  # noqa: E402
 

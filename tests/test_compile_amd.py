@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import rocm_trixie_script
-from covering import all_covering
+from cc1d.generator.covering import all_covering
 
 from cc1d.generator import default_variant, families
 

@@ -8,7 +8,7 @@ import pytest
 
 from cc1d.generator import fallback_chain, families
 
-from covering import all_covering, axis_values, covering_variants
+from cc1d.generator.covering import all_covering, axis_values, covering_variants
 from compile_checks import PTXAS_VERBOSE, nvidia_resources
 
 COVERING = all_covering("sm_90")

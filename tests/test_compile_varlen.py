@@ -8,7 +8,7 @@ import pytest
 
 from cc1d.generator import default_variant, fallback_chain, families
 
-from covering import axis_values, covering_variants
+from cc1d.generator.covering import axis_values, covering_variants
 
 LAYOUTS = ("cf", "cl")
 

@@ -15,7 +15,7 @@ from cc1d import ops  # noqa: E402
 from cc1d.generator import Family, families, fallback_chain, variants  # noqa: E402
 
 from conftest import precompile  # noqa: E402
-from covering import all_covering  # noqa: E402
+from cc1d.generator.covering import all_covering  # noqa: E402
 from fwd_cases import (Case, assert_close, launch_variant, make_inputs, poisoned,  # noqa: E402
                        reference)
 

@@ -86,7 +86,43 @@ def test_summary_counts_kernel_errors_apart_from_api_reports():
 
 def test_clean_run_parses_to_zero():
     res = sanitize.parse("CC1D-SANITIZE-VARIANT x\n========= ERROR SUMMARY: 0 errors\n")
-    assert res == dict(summary_errors=0, by_variant={}, launched=["x"], unattributed=[])
+    assert res == dict(summary_errors=0, by_variant={}, launched=["x"], unattributed=[], not_run=[])
+
+
+def test_a_variant_no_shape_could_launch_is_not_counted_as_launched():
+    log = ("CC1D-SANITIZE-VARIANT fwd.cf.f32wf32.w4.a\nCC1D-SANITIZE-NOT-RUN fwd.cf.f32wf32.w4.a\n"
+           "CC1D-SANITIZE-VARIANT fwd.cf.f32wf32.w4.b\n========= ERROR SUMMARY: 0 errors\n")
+    rows = [dict(op="fwd", family="fwd.cf.f32wf32.w4", variant=k) for k in ("fwd.cf.f32wf32.w4.a",
+                                                                          "fwd.cf.f32wf32.w4.b")]
+    s = sanitize.summarize(rows, {"memcheck": dict(sanitize.parse(log), exit_code=0)})
+    assert s["fwd"]["tools"]["memcheck"]["launched"] == 1
+
+
+def test_cover_plan_has_every_chain_and_every_tunable_value_of_each_family():
+    from cc1d.generator import space_for
+    rows = sanitize.plan(("upd",), cover=True)
+    by_family: dict[str, set] = {}
+    for r in rows:
+        by_family.setdefault(r["family"], set()).add(r["variant"])
+    for f in (f for f in families() if f.op == "upd"):
+        chosen = [v for v in variants(f) if v.key() in by_family[f.key()]]
+        assert {v.key() for v in fallback_chain(f)} <= by_family[f.key()]
+        for param in space_for(f).params:
+            assert {dict(v.config)[param.name] for v in chosen} == \
+                   {dict(v.config)[param.name] for v in variants(f)}, (f.key(), param.name)
+    assert len(rows) == len({r["variant"] for r in rows})
+
+
+def test_shards_keep_families_whole_and_merge_adds_up():
+    rows = sanitize.plan(("upd",), sample=2)
+    parts = sanitize.shard(rows, 5)
+    assert len(parts) == 5 and sorted(map(str, sum(parts, []))) == sorted(map(str, rows))
+    owner = {r["family"]: i for i, part in enumerate(parts) for r in part}
+    assert all(owner[r["family"]] == i for i, part in enumerate(parts) for r in part)
+    merged = sanitize.merge([sanitize.parse(CANNED), sanitize.parse("CC1D-SANITIZE-VARIANT z\n"
+                                                                    "========= ERROR SUMMARY: 0 errors\n")])
+    assert merged["summary_errors"] == 4 and merged["launched"][-1] == "z"
+    assert sanitize.merge([sanitize.parse(CANNED), sanitize.parse("cut off")])["summary_errors"] is None
 
 
 def test_list_mode_needs_no_gpu(capsys):
@@ -95,3 +131,38 @@ def test_list_mode_needs_no_gpu(capsys):
     assert out.strip().splitlines()[-1].endswith("families")
     with pytest.raises(SystemExit):
         sanitize.main(["--bogus"])
+
+
+def test_run_tool_runs_every_shard_at_once_and_joins_their_logs(tmp_path):
+    """A stand-in sanitizer (reads the child's plan, prints what compute-sanitizer would): the shards'
+    reports all reach the result and the joined log, and the per-shard files are cleaned up."""
+    import json
+    import sys
+    fake = tmp_path / "fake_sanitizer.py"
+    fake.write_text(
+        "import json, sys\n"
+        "rows = json.load(open(sys.argv[-1]))\n"
+        "for r in rows:\n"
+        "    print('CC1D-SANITIZE-VARIANT ' + r['variant'])\n"
+        "    if r['variant'].endswith('bad'):\n"
+        "        print('========= Invalid __global__ write of size 4 bytes')\n"
+        "print('========= ERROR SUMMARY: %d errors' % sum(r['variant'].endswith('bad') for r in rows))\n"
+        "sys.exit(1 if any(r['variant'].endswith('bad') for r in rows) else 0)\n")
+    rows = [dict(op="fwd", family=f"fwd.cf.f32wf32.w{w}", variant=f"fwd.cf.f32wf32.w{w}.{s}")
+            for w in (2, 3, 4) for s in ("a", "bad" if w == 3 else "b")]
+    parts = sanitize.shard(rows, 3)
+    for i, part in enumerate(parts):
+        (tmp_path / f"plan.{i}.json").write_text(json.dumps(part))
+    res = sanitize.run_tool([sys.executable, str(fake)], "memcheck", tmp_path, len(parts), {})
+    assert sorted(res["launched"]) == sorted(r["variant"] for r in rows)
+    assert res["by_variant"] == {"fwd.cf.f32wf32.w3.bad": ["Invalid __global__ write of size 4 bytes"]}
+    assert (res["summary_errors"], res["exit_code"], res["processes"]) == (1, 1, 3)
+    assert sorted(p.name for p in tmp_path.glob("memcheck*")) == ["memcheck.log"]
+    assert (tmp_path / "memcheck.log").read_text().count("ERROR SUMMARY") == 3
+
+
+def test_racecheck_summary_line_counts_errors_and_warnings():
+    ok = sanitize.parse("CC1D-SANITIZE-VARIANT x\n========= RACECHECK SUMMARY: 0 hazards displayed "
+                        "(0 errors, 0 warnings)\n")
+    bad = sanitize.parse("========= RACECHECK SUMMARY: 3 hazards displayed (1 error, 2 warnings)\n")
+    assert (ok["summary_errors"], bad["summary_errors"]) == (0, 3)

@@ -8,7 +8,7 @@ import pytest
 
 from cc1d.generator import default_variant, fallback_chain, families
 
-from covering import axis_values, covering_variants
+from cc1d.generator.covering import axis_values, covering_variants
 from test_compile_amd import _assert_no_scratch, _compile_batch, trixie  # noqa: F401 (fixture)
 from test_compile_nvidia import _check
 

@@ -19,7 +19,7 @@ from cc1d.reference import causal_conv1d_update_ref  # noqa: E402
 from cc1d.update import _upd_call_args  # noqa: E402
 
 from conftest import precompile  # noqa: E402
-from covering import covering_variants  # noqa: E402
+from cc1d.generator.covering import covering_variants  # noqa: E402
 
 DT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 PAIRS = (("f32", "f32"), ("f16", "f16"), ("f16", "f32"), ("bf16", "bf16"), ("bf16", "f32"))

@@ -19,7 +19,7 @@ from cc1d.generator import Family, fallback_chain  # noqa: E402
 from cc1d.reference import causal_conv1d_varlen_ref, causal_conv1d_varlen_states_ref  # noqa: E402
 
 from conftest import precompile  # noqa: E402
-from covering import covering_variants  # noqa: E402
+from cc1d.generator.covering import covering_variants  # noqa: E402
 from fwd_cases import assert_close  # noqa: E402
 
 pytestmark = pytest.mark.gpu

@@ -1,12 +1,15 @@
-"""Pairwise covering sets of variants: every value of every axis, and every
-pair of values of two axes, appears in at least one chosen variant (among
-the pairs that some valid variant has)."""
+"""Covering sets of variants, for tests and the sanitizer where every variant is
+too many (about 100,000 for sm_90): pairwise per op and layout (every value of
+every axis, and every pair of values of two axes, appears in at least one chosen
+variant, among the pairs some valid variant has), and per family (every value of
+each tunable at least once)."""
 from __future__ import annotations
 
 import itertools
 from functools import lru_cache
 
-from cc1d.generator import Variant, families, space_for, variants
+from .space import families, space_for
+from .variant import Variant, variants
 
 
 def _axes(v: Variant) -> tuple:
@@ -49,3 +52,17 @@ def axis_values(op: str, layout: str, arch: str = "sm_90") -> dict:
 
 def space_params(op: str, layout: str):
     return space_for(families(op, layout)[0]).params
+
+
+def family_cover(family, arch: str = "sm_90") -> tuple[Variant, ...]:
+    """Variants of one family such that every value each tunable takes in its valid
+    space appears in at least one (greedy: the variant covering most unseen values first)."""
+    candidates = list(variants(family, arch))
+    cand_values = [frozenset(v.config) for v in candidates]
+    uncovered = set().union(*cand_values) if cand_values else set()
+    chosen: list[Variant] = []
+    while uncovered:
+        best = max(range(len(candidates)), key=lambda i: len(cand_values[i] & uncovered))
+        chosen.append(candidates[best])
+        uncovered -= cand_values[best]
+    return tuple(chosen)
