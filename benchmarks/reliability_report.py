@@ -89,6 +89,15 @@ def run_cpp(binary: Path) -> dict[str, int]:
                 matrix=len(matrix), matrix_passed=sum(l.startswith("ok  ") for l in matrix), exit_code=r.returncode)
 
 
+def space_sizes(arch: str = "sm_90") -> dict[str, int]:
+    """Variants per op in the generator's space for `arch` (what `sanitize.py --all` would run)."""
+    from cc1d.generator import families, variants
+    sizes: dict[str, int] = {}
+    for fam in families():
+        sizes[fam.op] = sizes.get(fam.op, 0) + sum(1 for _ in variants(fam, arch))
+    return sizes
+
+
 def render(counts, cpp, sanitize, commands) -> str:
     lines = ["# Reliability", "",
              "Produced by `python -P benchmarks/reliability_report.py` (see *Commands*); every number below",
@@ -106,19 +115,27 @@ def render(counts, cpp, sanitize, commands) -> str:
         lines.append("| C++ runtime checks | not run (pass --cpp build/cpp/test_runtime) | | | |")
     lines += ["", "## Sanitizer summary per family", ""]
     if sanitize:
-        lines += ["| family | tool | variants planned | launched | kernel errors | API reports | ERROR SUMMARY |",
-                  "|---|---|---|---|---|---|---|"]
-        commands_run = []
+        lines += ["| family | tool | variants planned | launched | kernel errors | API reports | ERROR SUMMARY "
+                  "| variants in the op's space |",
+                  "|---|---|---|---|---|---|---|---|"]
+        commands_run, sizes = [], space_sizes()
         for path in sanitize:  # one JSON per sanitizer run (a run may cover some of the tools)
             s = json.loads(Path(path).read_text())
             commands_run.append(s["command"])
             for op, fam in s["summary"].items():
                 for tool, t in fam["tools"].items():
                     lines.append(f"| {op} | {tool} | {fam['variants']} | {t['launched']} | {t['errors']} | "
-                                 f"{t['api_reports']} | {t['summary_errors']} |")
+                                 f"{t['api_reports']} | {t['summary_errors']} | {sizes.get(op, '?')} |")
                     for f in t["failing"]:
-                        lines.append(f"| | | | | {f['variant']}: {f['count']} x {f['first']} | | |")
-        lines += ["", "Sanitizer runs: " + "; ".join(f"`{c}`" for c in commands_run) + "."]
+                        lines.append(f"| | | | | {f['variant']}: {f['count']} x {f['first']} | | | |")
+            for tool, r in s["results"].items():
+                if "seconds" in r:
+                    lines.append(f"| all | {tool}: {r['seconds']} s in {r.get('processes', 1)} processes | | | | | | |")
+        lines += ["", "Sanitizer runs: " + "; ".join(f"`{c}`" for c in commands_run) + ".", "",
+                  "`--cover` runs, per family, its fallback chain (every kernel dispatch can pick without a tuned",
+                  "entry) and enough variants that every value of every tunable appears, plus the pairwise covering",
+                  "set of each op and layout (every pair of values of two axes, dtypes and width included). The",
+                  "whole space (`--all`) is the last column's sum: compiling it alone takes days on one machine."]
     else:
         lines += ["**PLACEHOLDER — to be filled from the device run** (no sanitizer JSON was given to this",
                   "report): run the sanitizer command below on the GPU machine, then rerun this report with",
@@ -135,8 +152,9 @@ COMMANDS = [
     "tests/test_db_faults.py tests/test_db_faults_gpu.py tests/test_tuner_faults.py tests/test_sanitize.py "
     "tests/test_dispatch.py "
     "tests/test_db.py tests/test_tuner_search.py --junitxml=gpu.xml",
-    "# GPU machine: compute-sanitizer over every family (fallback chains + a sample; --all for everything)",
-    "python -P benchmarks/sanitize.py --out sanitize",
+    "# GPU machine: compute-sanitizer over every family (--cover: fallback chains, every tunable value, pairwise;",
+    "# --all for the whole space)",
+    "python -P benchmarks/sanitize.py --cover --out sanitize",
     "# the report from both",
     "python -P benchmarks/reliability_report.py --junit gpu.xml --cpp build/cpp/test_runtime "
     "--sanitize sanitize/sanitize.json",
