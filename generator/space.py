@@ -283,8 +283,8 @@ SPLIT_BLOCKS = Param("split_blocks", "s", (512, 2048, 8192),
 def _bwd_cf_geometry(family: Family, config: Config) -> dict:
     threads, rows = int(config["threads"]), int(config["rows"])
     ve = max(1, _vec_elems(family, config))
-    return dict(threads=threads, tile_l=threads // rows * ve, tile_d=rows, smem_bytes=0,
-                align_bytes=int(config["vec_bytes"]), split_blocks=int(config["split_blocks"]))
+    return dict(threads=threads, tile_l=threads // rows * ve * int(config["nvec"]), tile_d=rows,
+                smem_bytes=0, align_bytes=int(config["vec_bytes"]), split_blocks=int(config["split_blocks"]))
 
 
 BWD_CF = Space(
@@ -292,13 +292,13 @@ BWD_CF = Space(
     params=(
         Param("threads", "t", (64, 128, 256), "threads per block"),
         Param("vec_bytes", "v", (2, 4, 8, 16), "bytes per vector load/store of x, dout and dx"),
+        Param("nvec", "n", (1, 2, 4, 8), "vectors of x and of dout per thread (loads in flight)"),
         Param("rows", "r", (1, 4), "channels per block"),
         MAX_REGS,
         SPLIT_BLOCKS,
     ),
     constraints=(_vec_fits, _cf_rows_fit, _regs_distinct),
-    preferred=(dict(threads=128, vec_bytes=16, rows=1, max_regs=128, split_blocks=2048, widths=(2, 3, 4, 5)),
-               dict(threads=128, vec_bytes=16, rows=1, max_regs=255, split_blocks=2048)),
+    preferred=(dict(threads=128, vec_bytes=16, nvec=2, rows=1, max_regs=128, split_blocks=2048),),
     geometry=_bwd_cf_geometry,
 )
 
