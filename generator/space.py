@@ -283,8 +283,27 @@ SPLIT_BLOCKS = Param("split_blocks", "s", (512, 2048, 8192),
 def _bwd_cf_geometry(family: Family, config: Config) -> dict:
     threads, rows = int(config["threads"]), int(config["rows"])
     ve = max(1, _vec_elems(family, config))
-    return dict(threads=threads, tile_l=threads // rows * ve, tile_d=rows, smem_bytes=0,
-                align_bytes=int(config["vec_bytes"]), split_blocks=int(config["split_blocks"]))
+    return dict(threads=threads, tile_l=threads // rows * ve * int(config["nvec"]), tile_d=rows,
+                smem_bytes=0, align_bytes=int(config["vec_bytes"]), split_blocks=int(config["split_blocks"]))
+
+
+def _bwd_cf_registers_fit(family: Family, config: Config, arch: Arch) -> str | None:
+    # A rule of thumb from ptxas samples (sm_90, every dtype, widths 2-8): the packed
+    # x and dout vectors in flight take at most a quarter of a capped budget, and the
+    # edge path's windows (which grow with the width) need more than 64 registers
+    # past width 2 and more than 96 past width 5. Near the line a candidate can
+    # still spill a little: the tuner times it like any other.
+    cap = int(config["max_regs"])
+    if cap >= 255:
+        return None
+    words = max(1, int(config["vec_bytes"]) // 4)
+    in_flight = 2 * int(config["nvec"]) * words
+    if 4 * in_flight > cap:
+        return f"{in_flight} registers of loads in flight exceed a quarter of max_regs {cap}"
+    widest = {64: 2, 96: 5}.get(cap, WIDTHS[-1])
+    if family.width > widest:
+        return f"width {family.width} needs more than max_regs {cap} (at most width {widest})"
+    return None
 
 
 BWD_CF = Space(
@@ -292,13 +311,20 @@ BWD_CF = Space(
     params=(
         Param("threads", "t", (64, 128, 256), "threads per block"),
         Param("vec_bytes", "v", (2, 4, 8, 16), "bytes per vector load/store of x, dout and dx"),
+        Param("nvec", "n", (1, 2, 4), "vectors of x and of dout per thread (loads in flight; 8 spills)"),
         Param("rows", "r", (1, 4), "channels per block"),
         MAX_REGS,
         SPLIT_BLOCKS,
     ),
-    constraints=(_vec_fits, _cf_rows_fit, _regs_distinct),
-    preferred=(dict(threads=128, vec_bytes=16, rows=1, max_regs=128, split_blocks=2048, widths=(2, 3, 4, 5)),
-               dict(threads=128, vec_bytes=16, rows=1, max_regs=255, split_blocks=2048)),
+    constraints=(_vec_fits, _cf_rows_fit, _regs_distinct, _bwd_cf_registers_fit),
+    # Default: the forward's measured balance (a 128-register cap, 64 bytes of loads
+    # in flight per thread: here 2 vectors of x and 2 of dout), and a
+    # segment of 512 bf16 positions, so a length that is not a multiple of it puts
+    # at most one segment per row on the edge path. Widths 7-8 spill a few bytes under
+    # the cap (ptxas, sm_90): uncapped there.
+    preferred=(dict(threads=128, vec_bytes=16, nvec=2, rows=1, max_regs=128, split_blocks=2048,
+                    widths=(2, 3, 4, 5, 6)),
+               dict(threads=128, vec_bytes=16, nvec=2, rows=1, max_regs=255, split_blocks=2048)),
     geometry=_bwd_cf_geometry,
 )
 

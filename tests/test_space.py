@@ -111,3 +111,25 @@ def test_geometry_tiles_cover_whole_blocks(family):
         assert g["threads"] in (64, 128, 256)
         assert g["tile_l"] >= 1 and g["tile_d"] >= 1
         assert g["align_bytes"] == v.params.get("vec_bytes", family.x_bytes)  # upd.cf: no vectors
+
+
+def test_backward_channel_first_register_rule_prunes_capped_candidates():
+    base = dict(threads=128, vec_bytes=16, nvec=2, rows=1, split_blocks=2048)
+    wide = Family("bwd", "cf", "bf16", "bf16", 8)
+    assert Variant.of(wide, **base, max_regs=255).why_invalid() is None
+    assert Variant.of(wide, **base, max_regs=128).why_invalid() is None
+    assert "at most width 5" in Variant.of(wide, **base, max_regs=96).why_invalid()
+    narrow = Family("bwd", "cf", "bf16", "bf16", 2)
+    assert Variant.of(narrow, **base, max_regs=64).why_invalid() is None
+    assert "in flight" in Variant.of(narrow, **{**base, "nvec": 4}, max_regs=64).why_invalid()
+    assert "at most width 2" in Variant.of(Family("bwd", "cf", "f32", "f32", 3), **base, max_regs=64).why_invalid()
+
+
+def test_backward_channel_first_tile_counts_every_vector():
+    # tile_l is what the runtime divides the sequence by: threads per row x vector x nvec.
+    fam = Family("bwd", "cf", "bf16", "bf16", 4)
+    v = Variant.of(fam, threads=128, vec_bytes=16, nvec=4, rows=4, max_regs=255, split_blocks=512)
+    assert v.key() == "bwd.cf.bf16wbf16.w4.t128.v16.n4.r4.g255.s512"
+    assert v.geometry()["tile_l"] == 32 * 8 * 4 and v.geometry()["tile_d"] == 4
+    assert default_variant(fam).params["max_regs"] == 128
+    assert default_variant(Family("bwd", "cf", "bf16", "bf16", 8)).params["max_regs"] == 255
