@@ -333,8 +333,9 @@ def _bwd_cl_registers_fit(family: Family, config: Config, arch: Arch) -> str | N
     return None
 
 
-# Registers besides bwd_cl_registers (addresses, strides, loop state), measured
-# with ptxas for sm_90 (the largest variants that stay under the cap).
+# Registers besides bwd_cl_registers (addresses, strides, loop state, the edge
+# path's checks), from ptxas for sm_90: at caps 96 and 128 the variants within
+# this margin compiled without spills (bf16/f32, widths 2-8, steps 2-8).
 BWD_CL_OVERHEAD = 40
 
 
@@ -356,9 +357,13 @@ BWD_CL = Space(
         RUN, STEP, MAX_REGS, SPLIT_BLOCKS,
     ),
     constraints=(_vec_fits, _cl_tile_fits, _bwd_cl_registers_fit, _regs_distinct),
-    preferred=(dict(threads=128, vec_bytes=8, tile_d=128, run=32, step=4, max_regs=128, split_blocks=2048,
-                    widths=(2, 3, 4)),
-               dict(threads=128, vec_bytes=8, tile_d=128, run=32, step=4, max_regs=255, split_blocks=2048)),
+    # Defaults: the most loads in flight per SM that fit 128 registers (16 warps of
+    # 128 threads) without spills. 8-byte vectors where they fit (f32; 16-bit x at
+    # widths 2-3), else 4-byte vectors with a longer step; the uncapped one takes
+    # what no cap fits (not timed yet: the shipped DB's winners are tuned).
+    preferred=(dict(threads=128, vec_bytes=8, tile_d=128, run=32, step=4, max_regs=128, split_blocks=2048),
+               dict(threads=128, vec_bytes=4, tile_d=64, run=32, step=8, max_regs=128, split_blocks=2048),
+               dict(threads=128, vec_bytes=4, tile_d=64, run=32, step=4, max_regs=255, split_blocks=2048)),
     geometry=_bwd_cl_geometry,
 )
 
