@@ -329,25 +329,68 @@ BWD_CF = Space(
 )
 
 
-def _bwd_cl_registers_fit(family: Family, config: Config, arch: Arch) -> str | None:
+# Channel-last: each thread streams a run of positions (templates/bwd_channel_last.cu.j2).
+RUN = Param("run", "r", (16, 32, 64), "consecutive positions one thread streams through per work item")
+STEP = Param("step", "u", (2, 4, 8), "rows whose x and dout loads are in flight together")
+
+
+def _bwd_cl_words(family: Family, config: Config) -> int:
+    """32-bit words of one packed row vector."""
+    return max(1, int(config["vec_bytes"]) // 4)
+
+
+def bwd_cl_registers(family: Family, config: Config) -> int:
+    """Registers a thread needs, counted in floats: per channel of its vector, the
+    rolling x and g windows (2 * HALO), weights and bias, dweight/dbias sums
+    (W + 1 each); the loads in flight (a step's x and dout rows, or the run
+    start's 2 * HALO x and HALO dout rows) as packed words; one row unpacked."""
     ve = max(1, _vec_elems(family, config))
     halo = family.width - 1
-    regs = (2 * int(config["rows_per_thread"]) + 3 * halo) * ve  # x and dout windows
-    budget = min(128, int(config["max_regs"]) - 32)
-    if regs > budget:
-        return f"x and dout windows need {regs} registers (> {budget})"
+    state = ve * (2 * halo + 2 * (family.width + 1))
+    inflight = max(2 * int(config["step"]), 3 * halo) * _bwd_cl_words(family, config)
+    return state + inflight + 3 * ve
+
+
+def _bwd_cl_registers_fit(family: Family, config: Config, arch: Arch) -> str | None:
+    need = bwd_cl_registers(family, config)
+    budget = int(config["max_regs"]) - BWD_CL_OVERHEAD
+    if need > budget:
+        return f"windows, sums and loads in flight need {need} registers (> {budget})"
     return None
+
+
+# Registers besides bwd_cl_registers (addresses, strides, loop state, the edge
+# path's checks), from ptxas for sm_90: at caps 96 and 128 the variants within
+# this margin compiled without spills (bf16/f32, widths 2-8, steps 2-8).
+BWD_CL_OVERHEAD = 40
+
+
+def _bwd_cl_geometry(family: Family, config: Config) -> dict:
+    threads = int(config["threads"])
+    ve = max(1, _vec_elems(family, config))
+    tc = int(config["tile_d"]) // ve
+    return dict(threads=threads, tile_l=threads // max(tc, 1) * int(config["run"]),
+                tile_d=int(config["tile_d"]), smem_bytes=0, align_bytes=int(config["vec_bytes"]),
+                split_blocks=int(config["split_blocks"]))
 
 
 BWD_CL = Space(
     op="bwd", layout="cl", template="bwd_channel_last.cu.j2",
-    params=(*FWD_CL.params, SPLIT_BLOCKS),  # the forward's channel-last tiling, plus the partials' layout
+    params=(
+        Param("threads", "t", (64, 128, 256), "threads per block"),
+        Param("vec_bytes", "v", (2, 4, 8, 16), "bytes per vector load/store of x, dout and dx (along dim)"),
+        Param("tile_d", "d", (32, 64, 128), "channels per block"),
+        RUN, STEP, MAX_REGS, SPLIT_BLOCKS,
+    ),
     constraints=(_vec_fits, _cl_tile_fits, _bwd_cl_registers_fit, _regs_distinct),
-    preferred=(dict(threads=128, vec_bytes=8, tile_d=64, rows_per_thread=2, max_regs=255, split_blocks=2048,
-                    widths=(2, 3, 4, 5, 6, 7)),
-               dict(threads=128, vec_bytes=8, tile_d=64, rows_per_thread=1, max_regs=255, split_blocks=2048),
-               dict(threads=128, vec_bytes=4, tile_d=64, rows_per_thread=1, max_regs=255, split_blocks=2048)),
-    geometry=_cl_geometry,
+    # Defaults: the most loads in flight per SM that fit 128 registers (16 warps of
+    # 128 threads) without spills. 8-byte vectors where they fit (f32; 16-bit x at
+    # widths 2-3), else 4-byte vectors with a longer step; the uncapped one takes
+    # what no cap fits (not timed yet: the shipped DB's winners are tuned).
+    preferred=(dict(threads=128, vec_bytes=8, tile_d=128, run=32, step=4, max_regs=128, split_blocks=2048),
+               dict(threads=128, vec_bytes=4, tile_d=64, run=32, step=8, max_regs=128, split_blocks=2048),
+               dict(threads=128, vec_bytes=4, tile_d=64, run=32, step=4, max_regs=255, split_blocks=2048)),
+    geometry=_bwd_cl_geometry,
 )
 
 from .space_upd import UPD_CF, UPD_CL  # noqa: E402  (builds on the helpers above)
