@@ -117,7 +117,7 @@ class Space:
     template: str
     params: tuple[Param, ...]
     constraints: tuple[Constraint, ...]
-    preferred: tuple[Mapping[str, object], ...]  # default configs, best first; "widths": only for those
+    preferred: tuple[Mapping[str, object], ...]  # default configs, best first; "widths" / "x_dtypes": only for those
     geometry: Callable[[Family, Config], dict]    # -> threads, tile_l, tile_d, smem_bytes, align_bytes, split_blocks
 
     def param(self, name: str) -> Param:
@@ -317,12 +317,14 @@ BWD_CF = Space(
         SPLIT_BLOCKS,
     ),
     constraints=(_vec_fits, _cf_rows_fit, _regs_distinct, _bwd_cf_registers_fit),
-    # Default: the forward's measured balance (a 128-register cap, 64 bytes of loads
-    # in flight per thread: here 2 vectors of x and 2 of dout), and a
-    # segment of 512 bf16 positions, so a length that is not a multiple of it puts
-    # at most one segment per row on the edge path. Widths 7-8 spill a few bytes under
-    # the cap (ptxas, sm_90): uncapped there.
-    preferred=(dict(threads=128, vec_bytes=16, nvec=2, rows=1, max_regs=128, split_blocks=2048,
+    # Defaults. bf16 widths 2-4, measured on the H100 (width 4, session 5): 64 threads
+    # with 4 vectors of x and 4 of dout in flight under a 128-register cap reached 91 %
+    # of copy at (8, 5120, 2048), 128 threads with 2 vectors 75 %; with 4 vectors other
+    # dtypes and widths spill a few bytes under the cap (ptxas, sm_90). Elsewhere 2
+    # vectors, capped at 128 registers up to width 6 and uncapped for 7-8 (they spill).
+    preferred=(dict(threads=64, vec_bytes=16, nvec=4, rows=1, max_regs=128, split_blocks=2048,
+                    widths=(2, 3, 4), x_dtypes=("bf16",)),
+               dict(threads=128, vec_bytes=16, nvec=2, rows=1, max_regs=128, split_blocks=2048,
                     widths=(2, 3, 4, 5, 6)),
                dict(threads=128, vec_bytes=16, nvec=2, rows=1, max_regs=255, split_blocks=2048)),
     geometry=_bwd_cf_geometry,

@@ -68,8 +68,9 @@ def default_variant(family: Family, arch: Arch | str = "sm_90", **overrides: obj
     """The family's first valid preferred config, with `overrides` applied."""
     reasons = []
     for preferred in space_for(family).preferred:
-        config = {k: v for k, v in preferred.items() if k != "widths"}
-        if family.width not in preferred.get("widths", (family.width,)):
+        config = {k: v for k, v in preferred.items() if k not in ("widths", "x_dtypes")}
+        if family.width not in preferred.get("widths", (family.width,)) or \
+                family.x_dtype not in preferred.get("x_dtypes", (family.x_dtype,)):
             continue
         v = Variant.of(family, **{**config, **overrides})
         reason = v.why_invalid(arch)
