@@ -3,11 +3,13 @@
 The layout of an update family is conv_state's: "cf" when dim is not its
 contiguous axis (the peer's (pool, dim, state_len) with state_len contiguous,
 or any other strides), "cl" when dim is contiguous (vLLM's pools). A block owns
-`threads * channels-per-thread` channels of `rows` batch rows; each thread keeps
-its channels' weights in registers for all its rows and walks the tokens with
-the width-1 window in registers. Decode moves a few bytes per channel, so the
-tunables trade parallelism (blocks at batch 1) against per-block overhead
-(weights, index loads at batch 256).
+`threads * VE` channels (VE = vec_bytes / element size, adjacent per thread) of
+`rows` batch rows; each thread keeps its channels' weights in registers for all
+its rows. The common decode step (one token, state_len = width-1, no circular
+buffer or speculative window) issues every row's loads before any use; the rest
+walks the tokens with the width-1 window in registers, row by row. Decode moves
+a few bytes per channel, so the tunables trade parallelism (blocks at batch 1)
+against per-block overhead and bytes in flight (batch 256).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ def _upd_registers_fit(family: Family, config: Config, arch: Arch) -> str | None
     return None
 
 
-_THREADS = Param("threads", "t", (32, 64, 128, 256), "threads per block (VE adjacent channels each)")
+_THREADS = Param("threads", "t", (64, 128, 256), "threads per block (VE adjacent channels each)")
 _VEC = Param("vec_bytes", "v", (2, 4, 8, 16), "bytes of adjacent channels per thread (x, out, and the state "
                                               "where its layout allows vectors)")
 _ROWS = Param("rows", "r", (1, 2, 4, 8), "batch rows per block: weights loaded once, every row's loads in flight "
