@@ -3,11 +3,13 @@
 The layout of an update family is conv_state's: "cf" when dim is not its
 contiguous axis (the peer's (pool, dim, state_len) with state_len contiguous,
 or any other strides), "cl" when dim is contiguous (vLLM's pools). A block owns
-`threads * channels-per-thread` channels of `rows` batch rows; each thread keeps
-its channels' weights in registers for all its rows and walks the tokens with
-the width-1 window in registers. Decode moves a few bytes per channel, so the
-tunables trade parallelism (blocks at batch 1) against per-block overhead
-(weights, index loads at batch 256).
+`threads * VE` channels (VE = vec_bytes / element size, adjacent per thread) of
+`rows` batch rows; each thread keeps its channels' weights in registers for all
+its rows. The common decode step (one token, state_len = width-1, no circular
+buffer or speculative window) issues every row's loads before any use; the rest
+walks the tokens with the width-1 window in registers, row by row. Decode moves
+a few bytes per channel, so the tunables trade parallelism (blocks at batch 1)
+against per-block overhead and bytes in flight (batch 256).
 """
 from __future__ import annotations
 
@@ -16,39 +18,45 @@ from .space import MAX_REGS, Arch, Config, Family, Param, Space, _regs_distinct,
 
 def _upd_geometry(family: Family, config: Config) -> dict:
     threads = int(config["threads"])
-    ve = max(1, _vec_elems(family, config)) if "vec_bytes" in config else 1
     # tile_l: batch rows per block; tile_d: channels per block.
-    return dict(threads=threads, tile_l=int(config["rows"]), tile_d=threads * ve, smem_bytes=0,
-                align_bytes=int(config["vec_bytes"]) if "vec_bytes" in config else family.x_bytes, split_blocks=0)
+    return dict(threads=threads, tile_l=int(config["rows"]), tile_d=threads * _vec_elems(family, config),
+                smem_bytes=0, align_bytes=int(config["vec_bytes"]), split_blocks=0)
 
 
 def _upd_registers_fit(family: Family, config: Config, arch: Arch) -> str | None:
-    ve = max(1, _vec_elems(family, config))
-    regs = (2 * family.width + 1) * ve  # weights, bias and the window per channel
+    ve = _vec_elems(family, config)
+    # Weights and bias for the block's life, and x plus the window of every row in flight.
+    regs = (family.width + 1) * ve + int(config["rows"]) * family.width * ve
     budget = min(128, int(config["max_regs"]) - 24)
     if regs > budget:
-        return f"weights and window need {regs} registers (> {budget})"
+        return f"weights, windows and tokens need {regs} registers (> {budget})"
     return None
 
 
-_THREADS = Param("threads", "t", (64, 128, 256), "threads per block (one channel vector each)")
-_ROWS = Param("rows", "r", (1, 2, 4), "batch rows per block (weights loaded once for all)")
+_THREADS = Param("threads", "t", (64, 128, 256), "threads per block (VE adjacent channels each)")
+_VEC = Param("vec_bytes", "v", (2, 4, 8, 16), "bytes of adjacent channels per thread (x, out, and the state "
+                                              "where its layout allows vectors)")
+_ROWS = Param("rows", "r", (1, 2, 4, 8), "batch rows per block: weights loaded once, every row's loads in flight "
+                                          "together")
 
+# Both layouts share the tunables; the state moves differently: "cl" one vector per
+# window entry, "cf" packed (pool, dim, width-1) one run of VE * (width-1) elements.
+# 64 threads of 8-byte vectors: dim 5120 in bf16 gives 20 channel blocks per row
+# group, some parallelism at batch 1; two rows a block halve the blocks at batch 256.
 UPD_CF = Space(
     op="upd", layout="cf", template="upd.cu.j2",
-    params=(_THREADS, _ROWS, MAX_REGS),
-    constraints=(_regs_distinct,),
-    preferred=(dict(threads=128, rows=1, max_regs=255),),
+    params=(_THREADS, _VEC, _ROWS, MAX_REGS),
+    constraints=(_vec_fits, _upd_registers_fit, _regs_distinct),
+    preferred=(dict(threads=64, vec_bytes=8, rows=2, max_regs=255),
+               dict(threads=64, vec_bytes=8, rows=1, max_regs=255)),
     geometry=_upd_geometry,
 )
 
 UPD_CL = Space(
     op="upd", layout="cl", template="upd.cu.j2",
-    params=(_THREADS, Param("vec_bytes", "v", (2, 4, 8, 16), "bytes per vector access along dim"),
-            _ROWS, MAX_REGS),
+    params=(_THREADS, _VEC, _ROWS, MAX_REGS),
     constraints=(_vec_fits, _upd_registers_fit, _regs_distinct),
-    # 8-byte vectors and 64 threads: dim 5120 in bf16 gives 20 blocks per batch row,
-    # enough parallelism at batch 1 without tiny blocks at batch 256.
-    preferred=(dict(threads=64, vec_bytes=8, rows=1, max_regs=255),),
+    preferred=(dict(threads=64, vec_bytes=8, rows=2, max_regs=255),
+               dict(threads=64, vec_bytes=8, rows=1, max_regs=255)),
     geometry=_upd_geometry,
 )

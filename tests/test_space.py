@@ -110,7 +110,7 @@ def test_geometry_tiles_cover_whole_blocks(family):
         g = v.geometry()
         assert g["threads"] in (64, 128, 256)
         assert g["tile_l"] >= 1 and g["tile_d"] >= 1
-        assert g["align_bytes"] == v.params.get("vec_bytes", family.x_bytes)  # upd.cf: no vectors
+        assert g["align_bytes"] == v.params.get("vec_bytes", family.x_bytes)
 
 
 def test_backward_channel_first_register_rule_prunes_capped_candidates():

@@ -150,3 +150,17 @@ def test_launch_upd_refuses_a_variant_of_another_family_or_alignment(rt):
     with pytest.raises(ValueError, match=f"variant {cl[0].key()} needs x/out/conv_state .* aligned to 8 bytes, "
                                          "the call gives 2"):
         rt.launch_upd(cl[0].as_runtime_dict(), *a, 0)
+
+
+@pytest.mark.parametrize("offset", [0, 2, 4, 8])
+def test_a_packed_state_contiguous_state_keeps_its_vectors(rt, offset):
+    # "cf" (pool, dim, width-1): the kernels move a thread's channels as one run,
+    # so the state's unit state_len stride does not cap the alignment; its base does.
+    fam = Family("upd", "cf", "bf16", "bf16", 4)
+    chain = fallback_chain(fam)
+    a = args(sizes=(4, 128, 1, 3, 4, 4), layout="cf", ptrs=with_ptr(3, ST + offset), w_dtype=BF16)
+    e = rt.explain_upd(*a, arch=ARCH)
+    align = min(256, offset & -offset) if offset else 256
+    assert e["alignment"] == align
+    assert e["key"] == next(v for v in chain if align % v.geometry()["align_bytes"] == 0).key()
+    assert chain[0].geometry()["align_bytes"] > 2

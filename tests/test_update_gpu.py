@@ -96,18 +96,23 @@ def test_every_covering_variant_matches_the_reference(rt):
         g = v.geometry()
         dim = 2 * g["tile_d"] + 8  # not a multiple of the tile; rows stay 16-byte aligned
         batch = 2 * g["tile_l"] + 1
-        seqlen = (1, 3)[i % 2]
+        # Every other variant takes the batched decode step (one token, state_len =
+        # width-1, no cache_seqlens or num_accepted_tokens), plain or with indices.
+        batched = i % 2 == 0
+        seqlen = 1 if batched else (1, 3)[i // 2 % 2]
         # >= 2: a (pool, dim, 1) state has dim contiguous too, and would read as "cl"
-        state_len = max(2, f.width - 1 + (i % 3))
-        mode = i % 4  # plain, cache_seqlens, indices, indices + num_accepted_tokens
+        state_len = max(2, f.width - 1 + (0 if batched else 1 + i // 2 % 2))
+        # plain, cache_seqlens, indices, indices + num_accepted_tokens
+        mode = (0, 2)[i // 2 % 2] if batched else (1, 3)[i // 4 % 2]
         x, state, w, b = make(batch, dim, seqlen, state_len, f.width, f.x_dtype, f.w_dtype, layout=f.layout,
-                              pool=batch + 3, bias=i % 2 == 0, seed=i)
+                              pool=batch + 3, bias=i // 3 % 2 == 0, seed=i)
         kw = dict(activation="silu" if i % 3 else None)
         if mode == 1:
             kw["cache_seqlens"] = torch.randint(0, 50, (batch,), dtype=torch.int32, device=DEV)
         if mode >= 2:
             kw["conv_state_indices"] = torch.randperm(batch + 3, device=DEV)[:batch].to(torch.int32)
             kw["conv_state_indices"][1] = -1  # a padded row
+            kw["conv_state_indices"][batch - 1] = kw["conv_state_indices"][0]  # a slot named twice
         if mode == 3:
             kw["num_accepted_tokens"] = torch.randint(1, seqlen + 1, (batch,), dtype=torch.int32, device=DEV)
         want_out, want_state = reference(x, state, w, b, **kw)
@@ -169,9 +174,10 @@ def test_activation_spellings_and_the_peer_return_shapes():
 # ---- padded slots, circular buffers, pools ---------------------------------------
 
 @pytest.mark.parametrize("layout", ["cf", "cl"])
-def test_padded_slots_output_zero_and_leave_the_state_untouched(layout):
+@pytest.mark.parametrize("seqlen, state_len", [(2, 5), (1, 3)])  # (1, width-1): the batched decode step
+def test_padded_slots_output_zero_and_leave_the_state_untouched(layout, seqlen, state_len):
     batch, pool, pad = 6, 5, 1000
-    x, state, w, b = make(batch, 96, 2, 5, 4, "bf16", "bf16", layout=layout, pool=pool)
+    x, state, w, b = make(batch, 96, seqlen, state_len, 4, "bf16", "bf16", layout=layout, pool=pool)
     before = state.clone()
     idx = torch.tensor([pad, 2, -3, 4, pool + 7, pad], dtype=torch.int32, device=DEV)
     out = check(x, state, w, b, activation="silu", conv_state_indices=idx, pad_slot_id=pad)
@@ -192,11 +198,12 @@ def test_circular_buffer_wraps_around(layout, seqlen):
 
 
 @pytest.mark.parametrize("layout", ["cf", "cl"])
-def test_pool_with_repeated_and_out_of_order_indices(layout):
+@pytest.mark.parametrize("seqlen, state_len", [(2, 4), (1, 3)])  # (1, width-1): the batched decode step
+def test_pool_with_repeated_and_out_of_order_indices(layout, seqlen, state_len):
     """Repeated indices mean: rows naming one slot run one after another in batch order,
     each seeing the state the previous one left (as separate calls would)."""
     batch, pool = 7, 5
-    x, state, w, b = make(batch, 130, 2, 4, 4, "bf16", "f32", layout=layout, pool=pool, seed=3)
+    x, state, w, b = make(batch, 130, seqlen, state_len, 4, "bf16", "f32", layout=layout, pool=pool, seed=3)
     idx = torch.tensor([3, 0, 3, 2, 0, 3, 4], dtype=torch.int32, device=DEV)
     s0 = state.clone()
     out = check(x, state, w, b, activation="silu", conv_state_indices=idx)

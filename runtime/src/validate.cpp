@@ -530,10 +530,13 @@ int upd_alignment(const UpdArgs& a) {
   const UpdParams& p = a.p;
   const uint64_t es = uint64_t(dtype_size(a.x_dtype));
   // Strides of size-1 axes are never stepped over: they do not count. x and out
-  // take part only where the kernels move them as vectors (dim stride 1).
+  // take part only where the kernels move them as vectors (dim stride 1). The
+  // state's vectors run along dim ("cl": one per window entry, so its state_len
+  // stride counts) or, state_len contiguous ("cf"), over a thread's packed
+  // channels, whose offsets within a slot the kernel keeps whole vectors.
   auto step = [es](int64_t size, int64_t stride) { return size > 1 ? uint64_t(stride) * es : 0u; };
-  uint64_t bits = reinterpret_cast<uintptr_t>(p.conv_state) | step(p.pool, p.st_batch_stride) |
-                  step(p.state_len, p.st_l_stride);
+  uint64_t bits = reinterpret_cast<uintptr_t>(p.conv_state) | step(p.pool, p.st_batch_stride);
+  if (p.st_dim_stride == 1) bits |= step(p.state_len, p.st_l_stride);
   if (p.x_dim_stride == 1)
     bits |= reinterpret_cast<uintptr_t>(p.x) | step(p.batch, p.x_batch_stride) | step(p.seqlen, p.x_l_stride);
   if (p.out_dim_stride == 1)
