@@ -98,7 +98,21 @@ def call_for(family_key: str, batch: int, dim: int, seqlen: int, features: str) 
                *(state if "init" in feats else (0, 0, 0)), *(state if "final" in feats else (0, 0, 0))]
     if fam.op == "bwd":
         return ["bwd", *bwd_call_for(fam, b, d, n, feats)]
+    if fam.op == "upd":
+        return ["upd", *upd_call_for(fam, b, d, n, feats)]
     return ["fwd", ptrs, [b, d, n, w], strides, DTYPE_CODES[fam.x_dtype], DTYPE_CODES[fam.w_dtype],
+            "silu" in feats]
+
+
+def upd_call_for(fam, b: int, d: int, n: int, feats: set) -> list:
+    """explain_upd's arguments for the tuner's update problem: contiguous x and out, a pool of `b`
+    width-1 states laid out as the family says ("cl" dim-contiguous), no index arrays."""
+    w, sl = fam.width, fam.width - 1
+    x = (d * n, n, 1)
+    state = (d * sl, sl, 1) if fam.layout == "cf" else (d * sl, 1, d)
+    ptrs = [1 << 32, 2 << 32, (3 << 32) * ("bias" in feats), 4 << 32, 0, 0, 0, 5 << 32]
+    strides = [*x, w, 1, int("bias" in feats), *state, *x, 1, 1, 1]
+    return [ptrs, [b, d, n, sl, b, w], strides, -1, DTYPE_CODES[fam.x_dtype], DTYPE_CODES[fam.w_dtype],
             "silu" in feats]
 
 
@@ -129,7 +143,10 @@ if a["package_dir"]:
     rt.set_package_dir(a["package_dir"])
 out = []
 for op, *call in a["calls"]:
-    e = rt.explain_fwd(*call, 0, a["arch"]) if op == "fwd" else rt.explain_bwd(*call, arch=a["arch"])
+    if op == "fwd":
+        e = rt.explain_fwd(*call, 0, a["arch"])
+    else:
+        e = (rt.explain_bwd if op == "bwd" else rt.explain_upd)(*call, arch=a["arch"])
     out.append({k: e[k] for k in ("reason", "source", "key", "matched_shape", "detail")})
 print(json.dumps({"explained": out, "logs": logs}))
 """
