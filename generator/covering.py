@@ -25,13 +25,18 @@ def _pairs(v: Variant) -> frozenset:
 @lru_cache(maxsize=None)
 def covering_variants(op: str, layout: str, arch: str = "sm_90") -> tuple[Variant, ...]:
     candidates = [v for f in families(op, layout) for v in variants(f, arch)]
-    cand_pairs = [_pairs(v) for v in candidates]
-    uncovered = set().union(*cand_pairs)
+    return _greedy_cover(candidates, [_pairs(v) for v in candidates])
+
+
+def _greedy_cover(candidates: list[Variant], covers: list[frozenset]) -> tuple[Variant, ...]:
+    """Candidates until the union of their `covers` is everyone's: each time the one covering
+    most of what is still uncovered (the first of equals)."""
+    uncovered = set().union(*covers)
     chosen: list[Variant] = []
     while uncovered:
-        best = max(range(len(candidates)), key=lambda i: len(cand_pairs[i] & uncovered))
+        best = max(range(len(candidates)), key=lambda i: len(covers[i] & uncovered))
         chosen.append(candidates[best])
-        uncovered -= cand_pairs[best]
+        uncovered -= covers[best]
     return tuple(chosen)
 
 
@@ -58,11 +63,4 @@ def family_cover(family, arch: str = "sm_90") -> tuple[Variant, ...]:
     """Variants of one family such that every value each tunable takes in its valid
     space appears in at least one (greedy: the variant covering most unseen values first)."""
     candidates = list(variants(family, arch))
-    cand_values = [frozenset(v.config) for v in candidates]
-    uncovered = set().union(*cand_values) if cand_values else set()
-    chosen: list[Variant] = []
-    while uncovered:
-        best = max(range(len(candidates)), key=lambda i: len(cand_values[i] & uncovered))
-        chosen.append(candidates[best])
-        uncovered -= cand_values[best]
-    return tuple(chosen)
+    return _greedy_cover(candidates, [frozenset(v.config) for v in candidates])

@@ -136,8 +136,6 @@ def test_backward_channel_first_tile_counts_every_vector():
 
 
 def test_preferred_configs_can_be_limited_to_x_dtypes():
-    from cc1d.generator import default_variant
-    from cc1d.generator.space import Family
     bf16 = default_variant(Family("bwd", "cf", "bf16", "bf16", 4))
     f16 = default_variant(Family("bwd", "cf", "f16", "f16", 4))
     assert (bf16.params["threads"], bf16.params["nvec"]) == (64, 4)
