@@ -166,6 +166,20 @@ def run_tool(sanitizer_cmd: list[str], tool: str, out: Path, shards: int, env: d
                 seconds=round(time.monotonic() - start, 1), processes=shards)
 
 
+_SHARD = re.compile(r"^##### shard \d+, exit (-?\d+)$", re.M)
+
+
+def reparse(joined_log: str) -> dict:
+    """run_tool's result again from the <tool>.log it wrote (for a run whose JSON was lost);
+    the time is not in the log, so `seconds` is None."""
+    parts = _SHARD.split(joined_log)[1:]  # [exit, text, exit, text, ...]
+    codes, texts = [int(c) for c in parts[0::2]], parts[1::2]
+    if not texts:
+        raise ValueError("log: no '##### shard' sections; not a log that sanitize.py joined")
+    return dict(merge([parse(t) for t in texts]), exit_code=max(codes, key=abs), seconds=None,
+                processes=len(texts))
+
+
 def summarize(rows: list[dict], results: dict[str, dict]) -> dict:
     """Per op family and tool: variants planned and launched, kernel error reports and the
     variants they came from (API-call reports, "Program hit ...", are counted apart)."""
@@ -289,10 +303,20 @@ def main(argv=None) -> int:
     p.add_argument("--match", default="", help="only families whose key matches this regex, e.g. 'w4$'")
     p.add_argument("--out", default="sanitize", help="folder for sanitize.json / sanitize.md / logs")
     p.add_argument("--list", action="store_true", help="print the plan and exit (no GPU needed)")
+    p.add_argument("--reparse", action="store_true",
+                   help="rebuild sanitize.json/.md in --out from its plan.json and <tool>.log files (no GPU)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         return child(args.child)
+    if args.reparse:
+        out = Path(args.out)
+        rows = json.loads((out / "plan.json").read_text())
+        results = {tool: reparse((out / f"{tool}.log").read_text())
+                   for tool in args.tools.split(",") if (out / f"{tool}.log").is_file()}
+        if not results:
+            p.error(f"--reparse: no <tool>.log for --tools {args.tools} in {out}")
+        return report(out, rows, results, argv)
     rows = plan(tuple(args.ops.split(",")), everything=args.all, cover=args.cover, sample=args.sample,
                 match=args.match)
     if args.list:
@@ -312,10 +336,17 @@ def main(argv=None) -> int:
         (out / f"plan.{i}.json").write_text(json.dumps(part))
     for tool in args.tools.split(","):
         results[tool] = run_tool([sanitizer, "--tool", tool, "--print-limit", "20"], tool, out, len(shards), env)
-        print(f"{tool}: exit {results[tool]['exit_code']}, {len(set(results[tool]['launched']))} variants launched, "
-              f"summary errors {results[tool]['summary_errors']}, {results[tool]['seconds']} s", flush=True)
+        res = results[tool]
+        launched = set(res["launched"]) - set(res["not_run"])
+        print(f"{tool}: exit {res['exit_code']}, {len(launched)} variants launched, "
+              f"summary errors {res['summary_errors']}, {res['seconds']} s", flush=True)
     for i in range(len(shards)):
         (out / f"plan.{i}.json").unlink()
+    return report(out, rows, results, argv)
+
+
+def report(out: Path, rows: list[dict], results: dict[str, dict], argv) -> int:
+    """Writes sanitize.json and sanitize.md; 0 when every planned variant ran clean under every tool."""
     summary = summarize(rows, results)
     command = "python -P benchmarks/sanitize.py " + " ".join(argv if argv is not None else sys.argv[1:])
     (out / "sanitize.json").write_text(json.dumps(dict(command=command, summary=summary, results=results), indent=1))

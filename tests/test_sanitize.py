@@ -159,6 +159,18 @@ def test_run_tool_runs_every_shard_at_once_and_joins_their_logs(tmp_path):
     assert (res["summary_errors"], res["exit_code"], res["processes"]) == (1, 1, 3)
     assert sorted(p.name for p in tmp_path.glob("memcheck*")) == ["memcheck.log"]
     assert (tmp_path / "memcheck.log").read_text().count("ERROR SUMMARY") == 3
+    # --reparse rebuilds the same result from the joined log alone (all but the time)
+    again = sanitize.reparse((tmp_path / "memcheck.log").read_text())
+    assert {**again, "seconds": res["seconds"]} == res
+    (tmp_path / "plan.json").write_text(json.dumps(rows))
+    assert sanitize.main(["--reparse", "--tools", "memcheck", "--out", str(tmp_path)]) == 1  # one bad variant
+    summary = json.loads((tmp_path / "sanitize.json").read_text())["summary"]
+    assert summary["fwd"]["tools"]["memcheck"]["errors"] == 1
+
+
+def test_reparse_refuses_a_log_it_did_not_join():
+    with pytest.raises(ValueError, match="shard"):
+        sanitize.reparse("========= ERROR SUMMARY: 0 errors\n")
 
 
 def test_racecheck_summary_line_counts_errors_and_warnings():

@@ -115,3 +115,22 @@ def test_runtime_uses_the_tuned_winner(tmp_path):
         assert (e["reason"], e["key"]) == ("exact", bwin["variant_key"]), e
     finally:
         cc1d.set_tuning_db()
+
+
+@pytest.mark.parametrize("layout", ["cf", "cl"])
+@pytest.mark.parametrize("width", [2, 3, 4])
+def test_update_problem_reaches_its_own_layout(layout, width):
+    """The tuner's update inputs are served by the shape's own layout family (a dense width-2
+    state is dim-contiguous too, which the runtime would serve as "cl"), and the family's
+    default kernel matches the reference on them."""
+    from cc1d.generator import Family, default_variant
+    from cc1d._runtime import runtime
+    from cc1d.tuner.problems import problem_for
+    from cc1d.tuner.shapes import Shape
+    from cc1d.tuner.validate import validate
+    problem = problem_for("upd")
+    shape = Shape("upd", layout, "bf16", "f32", width, 5, 40, 1)
+    variant = default_variant(Family("upd", layout, "bf16", "f32", width))
+    stream = torch.cuda.current_stream().cuda_stream
+    launch = lambda i, o: problem.launch(runtime(), variant.as_runtime_dict(), shape, i, o, stream)  # noqa: E731
+    assert validate(problem, shape, launch, seed=7) is None

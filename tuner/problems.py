@@ -299,7 +299,10 @@ class UpdProblem:
         if l == 1:
             x = x[:, :, 0].contiguous()
         if shape.layout == "cf":
-            state = torch.randn(b, d, w - 1, generator=gen).to(xd).to(device)
+            # state_len contiguous. At width 2 a dense (b, d, 1) state is also dim-contiguous,
+            # which the runtime serves as "cl": give each channel a 2-slot row instead.
+            rows = torch.randn(b, d, max(w - 1, 2), generator=gen).to(xd).to(device)
+            state = rows[:, :, :w - 1]
         else:
             state = torch.randn(b, w - 1, d, generator=gen).to(xd).to(device).transpose(1, 2)
         bias = torch.randn(d, generator=gen).to(wd).to(device) if shape.bias else None
@@ -308,7 +311,9 @@ class UpdProblem:
 
     def make_outputs(self, shape: Shape, inputs: dict[str, Any]) -> dict[str, Any]:
         import torch
-        return dict(out=torch.full_like(inputs["x"], float("nan")), conv_state=inputs["conv_state"].clone())
+        state = inputs["conv_state"]  # a copy with the same strides (clone() would densify a sliced state)
+        copy = torch.empty_strided(state.shape, state.stride(), dtype=state.dtype, device=state.device)
+        return dict(out=torch.full_like(inputs["x"], float("nan")), conv_state=copy.copy_(state))
 
     def reference(self, shape: Shape, inputs: dict[str, Any]) -> dict[str, Any]:
         import torch
