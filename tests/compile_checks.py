@@ -4,15 +4,23 @@ from __future__ import annotations
 import re
 
 PTXAS_VERBOSE = ["--ptxas-options=-v"]
+_ENTRY = re.compile(r"Compiling entry function '(\w+)'")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGS = re.compile(r"Used (\d+) registers")
 
 
 def nvidia_resources(log: str) -> dict:
-    """Registers, stack and spills from ptxas' verbose report (one kernel per source)."""
-    spill = _SPILL.search(log)
-    regs = _REGS.search(log)
-    if not spill or not regs:
-        raise AssertionError(f"no ptxas resource report in the compile log:\n{log}")
-    return dict(registers=int(regs.group(1)), stack=int(spill.group(1)),
-                spill_stores=int(spill.group(2)), spill_loads=int(spill.group(3)))
+    """Registers of cc1d_kernel, and stack and spills summed over every kernel of the
+    source (a second pass, cc1d_reduce, may come first in ptxas' verbose report)."""
+    parts = _ENTRY.split(log)[1:]  # [name, report, name, report, ...]
+    kernels = {}
+    for name, report in zip(parts[0::2], parts[1::2]):
+        spill, regs = _SPILL.search(report), _REGS.search(report)
+        if not spill or not regs:
+            raise AssertionError(f"no ptxas resource report for {name} in the compile log:\n{log}")
+        kernels[name] = dict(registers=int(regs.group(1)), stack=int(spill.group(1)),
+                             spill_stores=int(spill.group(2)), spill_loads=int(spill.group(3)))
+    if "cc1d_kernel" not in kernels:
+        raise AssertionError(f"no ptxas resource report for cc1d_kernel in the compile log:\n{log}")
+    return dict(registers=kernels["cc1d_kernel"]["registers"],
+                **{k: sum(r[k] for r in kernels.values()) for k in ("stack", "spill_stores", "spill_loads")})

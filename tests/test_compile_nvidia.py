@@ -77,3 +77,17 @@ def test_every_variant_compiles_for_sm90(nvrtc):
     print(f"\ncompiled {len(results)} variants for sm_90: {len(failures)} failed, "
           f"{len(spills)} with local memory")
     assert not failures, "\n".join(failures[:50])
+
+
+def test_resources_read_cc1d_kernel_whatever_the_kernel_order():
+    # ptxas may report a source's second kernel (cc1d_reduce) first: its numbers are not
+    # cc1d_kernel's, and local memory in either one counts.
+    log = ("ptxas info    : Compiling entry function 'cc1d_reduce' for 'sm_90'\n"
+           "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Used 26 registers, used 0 barriers\n"
+           "ptxas info    : Compiling entry function 'cc1d_kernel' for 'sm_90'\n"
+           "ptxas         .     80 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\n"
+           "ptxas info    : Used 124 registers, used 0 barriers\n")
+    assert nvidia_resources(log) == dict(registers=124, stack=80, spill_stores=8, spill_loads=4)
+    with pytest.raises(AssertionError, match="cc1d_kernel"):
+        nvidia_resources(log.replace("cc1d_kernel", "other"))

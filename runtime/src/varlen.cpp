@@ -35,13 +35,21 @@ std::shared_ptr<const Decision> decide_for(const VarlenArgs& args, const std::st
   return decide(varlen_call(args, layout), arch_id_for(arch, args.p.x));
 }
 
-// Chunks of tile_l tokens per sequence: enough for the longest one the host can
-// bound. Channel-first tiles start at the vector boundary before a sequence's
-// first token (up to one vector earlier), hence the extra tile_l - 1 there.
+constexpr unsigned kMendThreads = 256;  // block of the channel-first cc1d_reduce
+
+// Channel-first kernels convolve the packed token stream as one sequence, then a
+// second kernel (cc1d_reduce) mends each sequence's first outputs, the padded
+// ones and the states; channel-last kernels take one sequence per grid.z and do
+// it all themselves.
+bool has_mend_pass(Layout layout) { return layout == Layout::channel_first; }
+
+// Chunks of tile_l tokens: channel-first over the whole stream; channel-last per
+// sequence, enough for the longest one the host can bound.
 unsigned chunks_for(const VarlenParams& p, Layout layout, const KernelVariant& v, unsigned max) {
-  if (p.out == nullptr) return 1;  // states only: chunk 0 writes them
-  const int64_t bound = p.max_seqlen > 0 ? p.max_seqlen : p.total_tokens;
-  const int64_t span = layout == Layout::channel_first ? bound + v.tile_l - 1 : bound;
+  if (p.out == nullptr) return 1;  // states only
+  const int64_t span = layout == Layout::channel_first ? p.total_tokens
+                       : p.max_seqlen > 0             ? p.max_seqlen
+                                                      : p.total_tokens;
   return std::max(1u, grid_dim(span, v.tile_l, max));
 }
 
@@ -49,12 +57,19 @@ void launch_on(const Location& l, const KernelVariant& v, const Functions& f, co
                Layout layout) {
   Backend* backend = l.backend;
   const Dim3 max = backend->max_grid(l.device);
+  const unsigned seqs = grid_dim(a.p.num_seqs, 1, unsigned(std::min<int64_t>(max.z, kMaxGridYZ)));
   const Dim3 grid{chunks_for(a.p, layout, v, max.x),
                   grid_dim(a.p.dim, v.tile_d, unsigned(std::min<int64_t>(max.y, kMaxGridYZ))),
-                  grid_dim(a.p.num_seqs, 1, unsigned(std::min<int64_t>(max.z, kMaxGridYZ)))};
+                  has_mend_pass(layout) ? 1u : seqs};
   VarlenParams params = a.p;
   backend->launch(f.kernel, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), a.stream, &params,
                   sizeof params);
+  if (has_mend_pass(layout) && a.p.num_seqs > 0) {
+    // Same stream: runs after cc1d_kernel has written every output it mends.
+    const Dim3 mend{grid_dim(a.p.dim, int(kMendThreads), max.x),
+                    grid_dim(a.p.num_seqs, 1, unsigned(std::min<int64_t>(max.y, kMaxGridYZ))), 1};
+    backend->launch(f.reduce, mend, Dim3{kMendThreads, 1, 1}, 0, a.stream, &params, sizeof params);
+  }
 }
 
 }  // namespace
@@ -64,7 +79,7 @@ void causal_conv1d_varlen(const VarlenArgs& args) {
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
   Functions f;
-  const std::shared_ptr<const Decision> d = decide_loaded(varlen_call(args, layout), l, /*with_reduce=*/false, &f);
+  const std::shared_ptr<const Decision> d = decide_loaded(varlen_call(args, layout), l, has_mend_pass(layout), &f);
   launch_on(l, *d->variant, f, args, layout);
 }
 
@@ -79,7 +94,7 @@ Explanation explain_varlen(const VarlenArgs& args, const std::string& arch) {
 Explanation prepare_varlen(const VarlenArgs& args, int device) {
   const Layout layout = validate_varlen(args);
   const Location l = prepare_location(args.p.x, device);
-  return explanation_of(*decide_loaded(varlen_call(args, layout), l, /*with_reduce=*/false, nullptr));
+  return explanation_of(*decide_loaded(varlen_call(args, layout), l, has_mend_pass(layout), nullptr));
 }
 
 void launch_varlen(const KernelVariant& v, const VarlenArgs& args) {
@@ -93,7 +108,7 @@ void launch_varlen(const KernelVariant& v, const VarlenArgs& args) {
                           std::to_string(v.align_bytes) + " bytes, the call gives " + std::to_string(align));
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
-  launch_on(l, v, functions_on(l, v, /*with_reduce=*/false), args, layout);
+  launch_on(l, v, functions_on(l, v, has_mend_pass(layout)), args, layout);
 }
 
 }  // namespace cc1d
