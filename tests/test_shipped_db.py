@@ -100,6 +100,8 @@ def call_for(family_key: str, batch: int, dim: int, seqlen: int, features: str) 
         return ["bwd", *bwd_call_for(fam, b, d, n, feats)]
     if fam.op == "upd":
         return ["upd", *upd_call_for(fam, b, d, n, feats)]
+    if fam.op == "vfwd":
+        return ["vfwd", *varlen_call_for(fam, b, d, n, feats)]
     return ["fwd", ptrs, [b, d, n, w], strides, DTYPE_CODES[fam.x_dtype], DTYPE_CODES[fam.w_dtype],
             "silu" in feats]
 
@@ -114,6 +116,22 @@ def upd_call_for(fam, b: int, d: int, n: int, feats: set) -> list:
     strides = [*x, w, 1, int("bias" in feats), *state, *x, 1, 1, 1]
     return [ptrs, [b, d, n, sl, b, w], strides, -1, DTYPE_CODES[fam.x_dtype], DTYPE_CODES[fam.w_dtype],
             "silu" in feats]
+
+
+def varlen_call_for(fam, seqs: int, d: int, total: int, feats: set) -> list:
+    """explain_varlen's arguments for the tuner's varlen problem (tuner/problems.py VarlenProblem):
+    x (dim, total) as the family lays it out, out alike, and with "final" a dim-contiguous pool of
+    seqs + 4 rows of state_len = width (vLLM's), int32 cache_indices, bool has_initial_state with "init"."""
+    w = fam.width
+    pool, sl = (seqs + 4, w) if "final" in feats else (0, 0)
+    x = (total, 1) if fam.layout == "cf" else (1, d)
+    init, final = "init" in feats, "final" in feats
+    ptrs = [1 << 32, 2 << 32, (3 << 32) * ("bias" in feats), 4 << 32, (5 << 32) * final, (6 << 32) * init,
+            (7 << 32) * final, 8 << 32]
+    sizes = [seqs, d, total, 0, sl, pool, -1, int(init), w]
+    strides = [*x, w, 1, int("bias" in feats), *x, *((sl * d, 1, d) if final else (0, 0, 0)), 1, int(final),
+               int(init)]
+    return [ptrs, sizes, strides, DTYPE_CODES[fam.x_dtype], DTYPE_CODES[fam.w_dtype], "silu" in feats]
 
 
 def bwd_call_for(fam, b: int, d: int, n: int, feats: set) -> list:
@@ -143,8 +161,8 @@ if a["package_dir"]:
     rt.set_package_dir(a["package_dir"])
 out = []
 for op, *call in a["calls"]:
-    if op == "fwd":
-        e = rt.explain_fwd(*call, 0, a["arch"])
+    if op in ("fwd", "vfwd"):
+        e = (rt.explain_fwd if op == "fwd" else rt.explain_varlen)(*call, 0, a["arch"])
     else:
         e = (rt.explain_bwd if op == "bwd" else rt.explain_upd)(*call, arch=a["arch"])
     out.append({k: e[k] for k in ("reason", "source", "key", "matched_shape", "detail")})
