@@ -116,10 +116,14 @@ def update_table(res: dict) -> list[str]:
 
 def varlen_table(res: dict) -> list[str]:
     lines = ["| layout | sequences | tokens | cc1d µs | % of copy | without max_seqlen µs | "
-             "causal_conv1d_fn + seq_idx µs |", "|---|---|---|---|---|---|---|"]
+             "cc1d causal_conv1d_fn + seq_idx µs | peer causal_conv1d_fn + seq_idx µs (same run) | "
+             "speed vs peer |", "|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
-        lines.append(f"| {r['layout']} | {r['num_seqs']} | {r['total_tokens']} | {_us(r.get('cc1d_us'))} | "
-                     f"{_pct(r.get('cc1d_frac'))} | {_us(r.get('cc1d_nobound_us'))} | {_us(r.get('fwd_seqidx_us'))} |")
+        ours, peer = r.get("cc1d_us"), r.get("peer_us")
+        ratio = f"{peer / ours:.2f}x" if ours and peer else "—"
+        lines.append(f"| {r['layout']} | {r['num_seqs']} | {r['total_tokens']} | {_us(ours)} | "
+                     f"{_pct(r.get('cc1d_frac'))} | {_us(r.get('cc1d_nobound_us'))} | {_us(r.get('fwd_seqidx_us'))} | "
+                     f"{_us(peer)} | {ratio} |")
     return lines
 
 

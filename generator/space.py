@@ -392,9 +392,10 @@ BWD_CL = Space(
 from .space_upd import UPD_CF, UPD_CL  # noqa: E402  (builds on the helpers above)
 
 # ---- varlen prefill ------------------------------------------------------------
-# The forward's tilings over packed sequences (one sequence per grid.z): the same
-# tunables (up to 4 vectors a thread), constraints and geometry. Its defaults are the forward's measured ones
-# until cc1d-tune finds better for vfwd shapes.
+# The forward's tilings over packed sequences (channel-first: the whole token stream, then a
+# kernel that mends each sequence's start; channel-last: one sequence per grid.z): the same
+# tunables (up to 4 vectors a thread), constraints and geometry. Its defaults are the forward's
+# measured ones; the shipped DB has cc1d-tune's winners for bench_varlen's shapes.
 
 VFWD_CF = Space(op="vfwd", layout="cf", template="varlen_channel_first.cu.j2",
                 params=tuple(Param(p.name, p.abbrev, (1, 2, 4), p.doc) if p.name == "nvec" else p
