@@ -51,7 +51,9 @@ def run_pytest(xml: Path) -> None:
 
 
 def read_junit(paths: list[Path]) -> list[dict]:
-    cases = []
+    """One case per (file, test name) over all the files: a run's pass or failure beats another's
+    skip (a CPU run skips what a GPU run ran), else the later file given wins."""
+    cases: dict[tuple[str, str], dict] = {}
     for p in paths:
         for tc in ET.parse(p).getroot().iter("testcase"):
             outcome = "passed"
@@ -65,8 +67,11 @@ def read_junit(paths: list[Path]) -> list[dict]:
             file = (tc.get("file") or module.replace(".", "/")).split("/")[-1]
             if not file.endswith(".py"):
                 file += ".py"
-            cases.append(dict(file=file, name=tc.get("name", ""), outcome=outcome))
-    return cases
+            case = dict(file=file, name=tc.get("name", ""), outcome=outcome)
+            key = (case["file"], case["name"])
+            if key not in cases or outcome != "skipped" or cases[key]["outcome"] == "skipped":
+                cases[key] = case
+    return list(cases.values())
 
 
 def tally(cases: list[dict]) -> dict[str, dict[str, int]]:
@@ -129,7 +134,7 @@ def render(counts, cpp, sanitize, commands) -> str:
                     for f in t["failing"]:
                         lines.append(f"| | | | | {f['variant']}: {f['count']} x {f['first']} | | | |")
             for tool, r in s["results"].items():
-                if "seconds" in r:
+                if r.get("seconds") is not None:  # None: re-parsed from logs, no time
                     lines.append(f"| all | {tool}: {r['seconds']} s in {r.get('processes', 1)} processes | | | | | | |")
         lines += ["", "Sanitizer runs: " + "; ".join(f"`{c}`" for c in commands_run) + ".", "",
                   "`--cover` runs, per family, its fallback chain (every kernel dispatch can pick without a tuned",
