@@ -9,6 +9,7 @@ import pytest
 from cc1d.generator import default_variant, fallback_chain, families
 
 from cc1d.generator.covering import axis_values, covering_variants
+from test_compile_amd import AMD_TARGETS
 
 LAYOUTS = ("cf", "cl")
 
@@ -36,7 +37,7 @@ def test_vfwd_untuned_kernels_compile_for_sm90_without_spills(nvrtc):
 
 
 @pytest.mark.amd
-@pytest.mark.parametrize("target", ["gfx942", "gfx90a"])
+@pytest.mark.parametrize("target", AMD_TARGETS)
 def test_vfwd_compiles_for_amd(target):
     from test_compile_amd import _assert_no_scratch, _compile_batch, trixie  # noqa: F401
     from conftest import rocm_trixie_script

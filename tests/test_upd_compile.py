@@ -9,7 +9,7 @@ import pytest
 from cc1d.generator import default_variant, fallback_chain, families
 
 from cc1d.generator.covering import axis_values, covering_variants
-from test_compile_amd import _assert_no_scratch, _compile_batch, trixie  # noqa: F401 (fixture)
+from test_compile_amd import AMD_TARGETS, _assert_no_scratch, _compile_batch, trixie  # noqa: F401 (fixture)
 from test_compile_nvidia import _check
 
 UPD = families("upd")
@@ -39,7 +39,7 @@ def test_untuned_upd_kernels_compile_for_sm90_without_spills(nvrtc):
 
 
 @pytest.mark.amd
-@pytest.mark.parametrize("target", ["gfx942", "gfx90a"])
+@pytest.mark.parametrize("target", AMD_TARGETS)
 def test_upd_covering_set_and_defaults_compile_for_amd(trixie, target):  # noqa: F811
     chosen = [*covering_variants("upd", "cf", target), *covering_variants("upd", "cl", target)]
     defaults = {default_variant(f, target).key() for f in UPD}
