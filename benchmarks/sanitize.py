@@ -162,8 +162,13 @@ def run_tool(sanitizer_cmd: list[str], tool: str, out: Path, shards: int, env: d
                                              enumerate(zip(codes, texts))))
     for log in logs:
         log.unlink()
-    return dict(merge([parse(t) for t in texts]), exit_code=max(codes, key=abs),
-                seconds=round(time.monotonic() - start, 1), processes=shards)
+    return _tool_result(codes, texts, seconds=round(time.monotonic() - start, 1))
+
+
+def _tool_result(codes: list[int], texts: list[str], seconds: float | None) -> dict:
+    """One tool's result from its shards' exit codes and logs."""
+    return dict(merge([parse(t) for t in texts]), exit_code=max(codes, key=abs), seconds=seconds,
+                processes=len(texts))
 
 
 _SHARD = re.compile(r"^##### shard \d+, exit (-?\d+)$", re.M)
@@ -176,8 +181,7 @@ def reparse(joined_log: str) -> dict:
     codes, texts = [int(c) for c in parts[0::2]], parts[1::2]
     if not texts:
         raise ValueError("log: no '##### shard' sections; not a log that sanitize.py joined")
-    return dict(merge([parse(t) for t in texts]), exit_code=max(codes, key=abs), seconds=None,
-                processes=len(texts))
+    return _tool_result(codes, texts, seconds=None)
 
 
 def summarize(rows: list[dict], results: dict[str, dict]) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 from functools import lru_cache
 
-from .space import families, space_for
+from .space import families
 from .variant import Variant, variants
 
 
@@ -53,10 +53,6 @@ def axis_values(op: str, layout: str, arch: str = "sm_90") -> dict:
             for name, value in _axes(v):
                 seen.setdefault(name, set()).add(value)
     return seen
-
-
-def space_params(op: str, layout: str):
-    return space_for(families(op, layout)[0]).params
 
 
 def family_cover(family, arch: str = "sm_90") -> tuple[Variant, ...]:

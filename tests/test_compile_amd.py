@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,6 @@ def trixie():
 def _compile_batch(script, target, variants):
     """Results in the order of `variants`. hipRTC compiles one source at a time per process
     (a global lock), so the batch is split over one worker process per core."""
-    from concurrent.futures import ThreadPoolExecutor
     n = max(1, min(os.cpu_count() or 2, len(variants)))
     parts = [variants[i::n] for i in range(n)]
 
