@@ -257,20 +257,63 @@ def _packed_words(config: Config) -> int:
     return max(1, int(config["vec_bytes"]) // 4)
 
 
+# The channel-last tiling with a window of rows per thread (varlen's channel-last kernel).
+CL_ROWS_PARAMS = (
+    Param("threads", "t", (64, 128, 256), "threads per block"),
+    Param("vec_bytes", "v", (2, 4, 8, 16), "bytes per vector load/store (along dim)"),
+    Param("tile_d", "d", (32, 64, 128), "channels per block"),
+    Param("rows_per_thread", "n", (1, 2, 4, 8), "consecutive positions per thread"),
+    MAX_REGS,
+)
+
+
+def fwd_cl_registers(family: Family, config: Config) -> int:
+    """Registers the channel-last forward's compute holds, counted in floats: per
+    channel of its vector the weights, bias, HALO-row window and one row."""
+    ve = max(1, _vec_elems(family, config))
+    return ve * (2 * family.width + 1)
+
+
+def _fwd_cl_registers_fit(family: Family, config: Config, arch: Arch) -> str | None:
+    # From ptxas for sm_90 (bf16 and f32, widths 2-8, 4- to 16-byte vectors): the
+    # variants whose count is within 9/16 of the cap compiled without spills; the
+    # rest is addresses, loop state and the staging.
+    cap = int(config["max_regs"])
+    need, budget = fwd_cl_registers(family, config), cap * 9 // 16
+    if need > budget:
+        return f"weights, window and a row need {need} registers (> {budget}, 9/16 of max_regs {cap})"
+    return None
+
+
+def fwd_cl_tile_bytes(family: Family, config: Config) -> int:
+    """Shared memory of the channel-last forward's staged tile: its rows plus the halo."""
+    geometry = _cl_geometry(family, config)
+    return (geometry["tile_l"] + family.width - 1) * int(config["tile_d"]) * family.x_bytes
+
+
+def _fwd_cl_tile_fits(family: Family, config: Config, arch: Arch) -> str | None:
+    need = fwd_cl_tile_bytes(family, config)
+    if need > arch.smem_bytes:
+        return f"staged tile of {need} bytes exceeds {arch.smem_bytes} bytes of shared memory"
+    return None
+
+
 FWD_CL = Space(
     op="fwd", layout="cl", template="fwd_channel_last.cu.j2",
     params=(
         Param("threads", "t", (64, 128, 256), "threads per block"),
-        Param("vec_bytes", "v", (2, 4, 8, 16), "bytes per vector load/store (along dim)"),
-        Param("tile_d", "d", (32, 64, 128), "channels per block"),
-        Param("rows_per_thread", "n", (1, 2, 4, 8), "consecutive positions per thread"),
+        Param("vec_bytes", "v", (2, 4, 8, 16), "bytes per vector copy, load and store (along dim)"),
+        Param("tile_d", "d", (32, 64, 128, 256), "channels per block"),
+        Param("rows_per_thread", "l", (4, 8, 16, 32), "consecutive positions per thread"),
         MAX_REGS,
     ),
-    constraints=(_vec_fits, _cl_tile_fits, _cl_registers_fit, _regs_distinct),
-    preferred=(dict(threads=64, vec_bytes=8, tile_d=128, rows_per_thread=4, max_regs=128, widths=(2, 3, 4)),
-               dict(threads=64, vec_bytes=8, tile_d=128, rows_per_thread=2, max_regs=128, widths=(5,)),  # 6 spills here
-               dict(threads=64, vec_bytes=8, tile_d=128, rows_per_thread=4, max_regs=255),
-               dict(threads=128, vec_bytes=8, tile_d=64, rows_per_thread=1, max_regs=255)),
+    constraints=(_vec_fits, _cl_tile_fits, _fwd_cl_tile_fits, _fwd_cl_registers_fit, _regs_distinct),
+    # Defaults: the most warps per SM whose registers fit the window without spills
+    # (fp16's conversions need a few more registers: at 64 its width 4 spills).
+    preferred=(dict(threads=128, vec_bytes=8, tile_d=128, rows_per_thread=16, max_regs=64, x_dtypes=("bf16", "f32")),
+               dict(threads=128, vec_bytes=8, tile_d=64, rows_per_thread=16, max_regs=96),
+               dict(threads=128, vec_bytes=8, tile_d=64, rows_per_thread=16, max_regs=128),
+               dict(threads=128, vec_bytes=8, tile_d=64, rows_per_thread=8, max_regs=255)),
     geometry=_cl_geometry,
 )
 
@@ -403,8 +446,8 @@ VFWD_CF = Space(op="vfwd", layout="cf", template="varlen_channel_first.cu.j2",
                 constraints=FWD_CF.constraints, preferred=FWD_CF.preferred, geometry=_cf_geometry)
 # Channel-last: the boundary rows (from the state pool) cost registers the forward
 # does not spend, so widths past 4 keep two rows per thread (four spill at width 7-8).
-VFWD_CL = Space(op="vfwd", layout="cl", template="varlen_channel_last.cu.j2", params=FWD_CL.params,
-                constraints=FWD_CL.constraints,
+VFWD_CL = Space(op="vfwd", layout="cl", template="varlen_channel_last.cu.j2", params=CL_ROWS_PARAMS,
+                constraints=(_vec_fits, _cl_tile_fits, _cl_registers_fit, _regs_distinct),
                 preferred=(dict(threads=64, vec_bytes=8, tile_d=128, rows_per_thread=4, max_regs=128, widths=(2, 3, 4)),
                            dict(threads=64, vec_bytes=8, tile_d=128, rows_per_thread=2, max_regs=128),
                            dict(threads=128, vec_bytes=8, tile_d=64, rows_per_thread=1, max_regs=255)),

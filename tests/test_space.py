@@ -69,7 +69,7 @@ def test_config_must_name_every_parameter():
     with pytest.raises(ValueError, match="missing"):
         Variant.of(fam, threads=128)
     with pytest.raises(ValueError, match="unknown"):
-        Variant.of(fam, threads=128, vec_bytes=16, tile_d=64, rows_per_thread=2, max_regs=128, bogus=1)
+        Variant.of(fam, threads=128, vec_bytes=16, tile_d=64, rows_per_thread=8, max_regs=128, bogus=1)
 
 
 @pytest.mark.parametrize("config, reason", [
@@ -84,14 +84,26 @@ def test_constraints_prune_with_reasons(config, reason):
 
 
 def test_channel_last_register_budget_prunes_wide_tiles():
+    # bf16 width 8 with 16-byte vectors: 8 channels x (2 * 8 + 1) floats, more than
+    # 9/16 of even no cap's 255
     fam = Family("fwd", "cl", "bf16", "bf16", 8)
-    v = Variant.of(fam, threads=128, vec_bytes=16, tile_d=64, rows_per_thread=8, max_regs=255)
+    v = Variant.of(fam, threads=128, vec_bytes=16, tile_d=128, rows_per_thread=8, max_regs=128)
     assert "registers" in v.why_invalid()
-    # a tighter cap leaves less room for the window
+    # a tighter cap leaves less room for the window: width 4, 16-byte vectors need 72
     fam4 = Family("fwd", "cl", "bf16", "bf16", 4)
-    ok = dict(threads=128, vec_bytes=16, tile_d=64, rows_per_thread=2)
-    assert Variant.of(fam4, **ok, max_regs=96).why_invalid() is None
-    assert "(> 48)" in Variant.of(fam4, **ok, max_regs=64).why_invalid()
+    ok = dict(threads=128, vec_bytes=16, tile_d=128, rows_per_thread=8)
+    assert Variant.of(fam4, **ok, max_regs=128).why_invalid() is None
+    assert "(> 54," in Variant.of(fam4, **ok, max_regs=96).why_invalid()
+
+
+def test_channel_last_tile_fits_shared_memory():
+    fam = Family("fwd", "cl", "f32", "f32", 4)
+    # 256 threads of 1-float vectors over 32 channels: 8 x 32 rows of 32 positions
+    v = Variant.of(fam, threads=256, vec_bytes=4, tile_d=32, rows_per_thread=32, max_regs=255)
+    assert v.why_invalid() is None and v.geometry()["tile_l"] == 256
+    # 4-float vectors: 32 x 32 rows of 32 positions, 1027 rows of 128 bytes
+    big = Variant.of(fam, threads=256, vec_bytes=16, tile_d=32, rows_per_thread=32, max_regs=255)
+    assert "shared memory" in big.why_invalid()
 
 
 def test_warp_size_constraint_depends_on_arch():
