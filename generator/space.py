@@ -232,8 +232,8 @@ def _cl_tile_fits(family: Family, config: Config, arch: Arch) -> str | None:
 
 
 def _cl_registers_fit(family: Family, config: Config, arch: Arch) -> str | None:
-    # Counted as floats although the forward keeps its window packed: the packed
-    # 16-byte variants this would admit spill in the unpacking (measured on the H100).
+    # The row-window tiling (CL_ROWS_PARAMS: varlen's channel-last kernel): a
+    # thread's window of rows and its weights, counted as floats (measured on the H100).
     ve = max(1, _vec_elems(family, config))
     regs = (int(config["rows_per_thread"]) + 2 * family.width - 1) * ve  # window + weights
     budget = min(128, int(config["max_regs"]) - 16)  # the rest: addresses, loop state
@@ -289,9 +289,10 @@ def _fwd_cl_registers_fit(family: Family, config: Config, arch: Arch) -> str | N
 
 
 def fwd_cl_tile_bytes(family: Family, config: Config) -> int:
-    """Shared memory of the channel-last forward's staged tile: its rows plus the halo."""
-    geometry = _cl_geometry(family, config)
-    return (geometry["tile_l"] + family.width - 1) * int(config["tile_d"]) * family.x_bytes
+    """Shared memory of the channel-last forward's staged tile: its rows plus the halo,
+    and one int per row for their sequence ids."""
+    rows = _cl_geometry(family, config)["tile_l"] + family.width - 1
+    return rows * (int(config["tile_d"]) * family.x_bytes + 4)
 
 
 def _fwd_cl_tile_fits(family: Family, config: Config, arch: Arch) -> str | None:
