@@ -6,6 +6,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -84,6 +85,7 @@ def test_winner_and_trial_writes(tmp_path):
 
 WRITER = r"""
 import sys
+import time
 from cc1d.generator import default_variant, families
 from cc1d.tuner.db import TuningDB
 path, k, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -111,6 +113,31 @@ def test_concurrent_writers_from_several_processes(tmp_path):
         assert len(db.winners()) == 160
         assert db.validate() == []
 
+
+OPENER = r"""
+import sys, time
+from cc1d.tuner.db import TuningDB
+folder, start, rounds = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+for r in range(rounds):  # every process opens the same fresh DB at the same moment, round after round
+    while time.time() < start + 0.15 * r:
+        pass
+    TuningDB(f"{folder}/r{r}.db").close()
+"""
+
+
+def test_several_processes_creating_one_db_at_once(tmp_path):
+    # Both switch the new file to WAL at once; SQLite answers one of them "database is
+    # locked" without waiting. Before the retry this failed about one round in four.
+    start = time.time() + 1.5  # after every interpreter has started
+    procs = [subprocess.Popen([sys.executable, "-P", "-c", OPENER, str(tmp_path), str(start), "16"],
+                              stderr=subprocess.PIPE) for _ in range(6)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode()
+    for r in range(16):
+        with TuningDB(tmp_path / f"r{r}.db") as db:
+            assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            assert db.meta()["schema_version"] == str(SCHEMA_VERSION)
 
 KILL_MID_WINNER = r"""
 import os, signal, sys

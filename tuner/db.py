@@ -128,8 +128,7 @@ class TuningDB:
                           f"{sorted(tables)[:5]}, no 'meta'): refusing to write to it; pass another --db")
         if "meta" in tables:  # refuse before anything (even the journal mode) changes the file
             self._refuse_newer(int(self.meta().get("schema_version", SCHEMA_VERSION)))
-        if self.conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-            self.conn.execute("PRAGMA journal_mode = WAL")
+        self._switch_to_wal()
         with self.transaction():
             for stmt in _schema_statements():  # not executescript: it would COMMIT early
                 self.conn.execute(stmt)
@@ -141,6 +140,27 @@ class TuningDB:
             self.conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
                               (str(SCHEMA_VERSION),))
             self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('generator_epoch', ?)", (str(EPOCH),))
+
+    def _switch_to_wal(self) -> None:
+        """Put the DB in WAL mode. Two processes switching a new DB at the same moment
+        both hold a shared lock and want an exclusive one; SQLite answers one of them
+        SQLITE_BUSY at once (the busy handler would deadlock there), so retry until the
+        other has finished the switch or the busy timeout runs out."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        delay = 0.005
+        while True:
+            try:
+                if self.conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    self.conn.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                if time.monotonic() > deadline:
+                    raise DBError(f"tuning DB {self.path}: could not switch it to WAL mode within "
+                                  f"{BUSY_TIMEOUT_MS // 1000} s ({exc}); another process holds it") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
 
     def _refuse_newer(self, version: int) -> None:
         if version > SCHEMA_VERSION:
