@@ -218,8 +218,8 @@ def causal_conv1d_varlen_fn(x: torch.Tensor, weight: torch.Tensor, bias: Optiona
     of (the row's old state_len columns, or zeros without an initial state, then the
     sequence's tokens), as vLLM's ``causal_conv1d_fn`` leaves it.
 
-    max_seqlen: a bound on the longest sequence (sizes the channel-last grid; None: total_tokens;
-    channel-first x does not need it).
+    max_seqlen: a bound on the longest sequence, checked with ``validate_data`` (kept for
+    callers that pass it: no kernel needs it, the stream is convolved whole).
     Nothing is read back from the device (CUDA-graph capturable): cu_seqlens and
     cache_indices are trusted; ``validate_data=True`` checks their values at the cost
     of one synchronisation. Rows shared by two sequences give undefined states.

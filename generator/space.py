@@ -231,17 +231,6 @@ def _cl_tile_fits(family: Family, config: Config, arch: Arch) -> str | None:
     return None
 
 
-def _cl_registers_fit(family: Family, config: Config, arch: Arch) -> str | None:
-    # The row-window tiling (CL_ROWS_PARAMS: varlen's channel-last kernel): a
-    # thread's window of rows and its weights, counted as floats (measured on the H100).
-    ve = max(1, _vec_elems(family, config))
-    regs = (int(config["rows_per_thread"]) + 2 * family.width - 1) * ve  # window + weights
-    budget = min(128, int(config["max_regs"]) - 16)  # the rest: addresses, loop state
-    if regs > budget:
-        return f"window and weights need {regs} registers (> {budget})"
-    return None
-
-
 def _cl_geometry(family: Family, config: Config, per_thread: str = "rows_per_thread") -> dict:
     """Channel-last tiling: tile_d channels across the block, `per_thread` positions per thread along L."""
     threads = int(config["threads"])
@@ -255,16 +244,6 @@ def _cl_geometry(family: Family, config: Config, per_thread: str = "rows_per_thr
 def _packed_words(config: Config) -> int:
     """32-bit words of one vector as loaded (kept packed while in flight)."""
     return max(1, int(config["vec_bytes"]) // 4)
-
-
-# The channel-last tiling with a window of rows per thread (varlen's channel-last kernel).
-CL_ROWS_PARAMS = (
-    Param("threads", "t", (64, 128, 256), "threads per block"),
-    Param("vec_bytes", "v", (2, 4, 8, 16), "bytes per vector load/store (along dim)"),
-    Param("tile_d", "d", (32, 64, 128), "channels per block"),
-    Param("rows_per_thread", "n", (1, 2, 4, 8), "consecutive positions per thread"),
-    MAX_REGS,
-)
 
 
 def fwd_cl_registers(family: Family, config: Config) -> int:
@@ -439,23 +418,17 @@ BWD_CL = Space(
 from .space_upd import UPD_CF, UPD_CL  # noqa: E402  (builds on the helpers above)
 
 # ---- varlen prefill ------------------------------------------------------------
-# The forward's tilings over packed sequences (channel-first: the whole token stream, then a
-# kernel that mends each sequence's start; channel-last: one sequence per grid.z): the same
-# tunables (up to 4 vectors a thread), constraints and geometry. Its defaults are the forward's
-# measured ones; the shipped DB has cc1d-tune's winners for bench_varlen's shapes.
+# The forward's kernels over the packed token stream as one sequence, then a kernel
+# that mends each sequence's start, the padded sequences and the states: the same
+# tunables (channel-first: up to 4 vectors a thread), constraints, defaults and
+# geometry as the forward. The shipped DB has cc1d-tune's winners for bench_varlen's shapes.
 
 VFWD_CF = Space(op="vfwd", layout="cf", template="varlen_channel_first.cu.j2",
                 params=tuple(Param(p.name, p.abbrev, (1, 2, 4), p.doc) if p.name == "nvec" else p
                              for p in FWD_CF.params),
                 constraints=FWD_CF.constraints, preferred=FWD_CF.preferred, geometry=_cf_geometry)
-# Channel-last: the boundary rows (from the state pool) cost registers the forward
-# does not spend, so widths past 4 keep two rows per thread (four spill at width 7-8).
-VFWD_CL = Space(op="vfwd", layout="cl", template="varlen_channel_last.cu.j2", params=CL_ROWS_PARAMS,
-                constraints=(_vec_fits, _cl_tile_fits, _cl_registers_fit, _regs_distinct),
-                preferred=(dict(threads=64, vec_bytes=8, tile_d=128, rows_per_thread=4, max_regs=128, widths=(2, 3, 4)),
-                           dict(threads=64, vec_bytes=8, tile_d=128, rows_per_thread=2, max_regs=128),
-                           dict(threads=128, vec_bytes=8, tile_d=64, rows_per_thread=1, max_regs=255)),
-                geometry=_cl_geometry)
+VFWD_CL = Space(op="vfwd", layout="cl", template="varlen_channel_last.cu.j2", params=FWD_CL.params,
+                constraints=FWD_CL.constraints, preferred=FWD_CL.preferred, geometry=_cl_geometry)
 
 SPACES: Mapping[tuple[str, str], Space] = {("fwd", "cf"): FWD_CF, ("fwd", "cl"): FWD_CL,
                                            ("bwd", "cf"): BWD_CF, ("bwd", "cl"): BWD_CL,

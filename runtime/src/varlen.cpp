@@ -35,39 +35,57 @@ std::shared_ptr<const Decision> decide_for(const VarlenArgs& args, const std::st
   return decide(varlen_call(args, layout), arch_id_for(arch, args.p.x));
 }
 
-constexpr unsigned kMendThreads = 256;  // block of the channel-first cc1d_reduce
+constexpr unsigned kMendThreads = 256;  // block of cc1d_reduce (MEND_THREADS in the templates)
 
-// Channel-first kernels convolve the packed token stream as one sequence, then a
-// second kernel (cc1d_reduce) mends each sequence's first outputs, the padded
-// ones and the states; channel-last kernels take one sequence per grid.z and do
-// it all themselves.
-bool has_mend_pass(Layout layout) { return layout == Layout::channel_first; }
+// Both layouts convolve the packed token stream as one sequence (cc1d_kernel), then
+// a second kernel (cc1d_reduce) mends each sequence's first outputs, the padded
+// ones and the states.
+constexpr bool kWithMend = true;
 
-// Chunks of tile_l tokens: channel-first over the whole stream; channel-last per
-// sequence, enough for the longest one the host can bound.
-unsigned chunks_for(const VarlenParams& p, Layout layout, const KernelVariant& v, unsigned max) {
-  if (p.out == nullptr) return 1;  // states only
-  const int64_t span = layout == Layout::channel_first ? p.total_tokens
-                       : p.max_seqlen > 0             ? p.max_seqlen
-                                                      : p.total_tokens;
-  return std::max(1u, grid_dim(span, v.tile_l, max));
+// Channel-last's cc1d_kernel is the channel-last forward: its parameters over the
+// stream, batch 1, no states and no sequence ids.
+FwdParams stream_as_fwd(const VarlenParams& v) {
+  FwdParams f{};
+  f.x = v.x;
+  f.weight = v.weight;
+  f.bias = v.bias;
+  f.out = v.out;
+  f.batch = 1;
+  f.dim = v.dim;
+  f.seqlen = v.total_tokens;
+  f.x_dim_stride = v.x_dim_stride;
+  f.x_l_stride = v.x_l_stride;
+  f.w_dim_stride = v.w_dim_stride;
+  f.w_width_stride = v.w_width_stride;
+  f.bias_stride = v.bias_stride;
+  f.out_dim_stride = v.out_dim_stride;
+  f.out_l_stride = v.out_l_stride;
+  f.silu = v.silu;
+  return f;
 }
 
 void launch_on(const Location& l, const KernelVariant& v, const Functions& f, const VarlenArgs& a,
                Layout layout) {
   Backend* backend = l.backend;
   const Dim3 max = backend->max_grid(l.device);
-  const unsigned seqs = grid_dim(a.p.num_seqs, 1, unsigned(std::min<int64_t>(max.z, kMaxGridYZ)));
-  const Dim3 grid{chunks_for(a.p, layout, v, max.x),
-                  grid_dim(a.p.dim, v.tile_d, unsigned(std::min<int64_t>(max.y, kMaxGridYZ))),
-                  has_mend_pass(layout) ? 1u : seqs};
-  VarlenParams params = a.p;
-  backend->launch(f.kernel, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), a.stream, &params,
-                  sizeof params);
-  if (has_mend_pass(layout) && a.p.num_seqs > 0) {
+  const VarlenParams& p = a.p;
+  if (p.out != nullptr && p.total_tokens > 0) {  // else states only: the mend writes them
+    const Dim3 grid{grid_dim(p.total_tokens, v.tile_l, max.x),
+                    grid_dim(p.dim, v.tile_d, unsigned(std::min<int64_t>(max.y, kMaxGridYZ))), 1};
+    const Dim3 block{unsigned(v.threads), 1, 1};
+    if (layout == Layout::channel_last) {
+      FwdParams params = stream_as_fwd(p);
+      backend->launch(f.kernel, grid, block, unsigned(v.smem_bytes), a.stream, &params, sizeof params);
+    } else {
+      VarlenParams params = p;
+      backend->launch(f.kernel, grid, block, unsigned(v.smem_bytes), a.stream, &params, sizeof params);
+    }
+  }
+  if (p.num_seqs > 0) {
     // Same stream: runs after cc1d_kernel has written every output it mends.
-    const Dim3 mend{grid_dim(a.p.dim, int(kMendThreads), max.x),
-                    grid_dim(a.p.num_seqs, 1, unsigned(std::min<int64_t>(max.y, kMaxGridYZ))), 1};
+    const Dim3 mend{grid_dim(p.dim, int(kMendThreads), max.x),
+                    grid_dim(p.num_seqs, 1, unsigned(std::min<int64_t>(max.y, kMaxGridYZ))), 1};
+    VarlenParams params = p;
     backend->launch(f.reduce, mend, Dim3{kMendThreads, 1, 1}, 0, a.stream, &params, sizeof params);
   }
 }
@@ -79,7 +97,7 @@ void causal_conv1d_varlen(const VarlenArgs& args) {
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
   Functions f;
-  const std::shared_ptr<const Decision> d = decide_loaded(varlen_call(args, layout), l, has_mend_pass(layout), &f);
+  const std::shared_ptr<const Decision> d = decide_loaded(varlen_call(args, layout), l, kWithMend, &f);
   launch_on(l, *d->variant, f, args, layout);
 }
 
@@ -94,7 +112,7 @@ Explanation explain_varlen(const VarlenArgs& args, const std::string& arch) {
 Explanation prepare_varlen(const VarlenArgs& args, int device) {
   const Layout layout = validate_varlen(args);
   const Location l = prepare_location(args.p.x, device);
-  return explanation_of(*decide_loaded(varlen_call(args, layout), l, has_mend_pass(layout), nullptr));
+  return explanation_of(*decide_loaded(varlen_call(args, layout), l, kWithMend, nullptr));
 }
 
 void launch_varlen(const KernelVariant& v, const VarlenArgs& args) {
@@ -108,7 +126,7 @@ void launch_varlen(const KernelVariant& v, const VarlenArgs& args) {
                           std::to_string(v.align_bytes) + " bytes, the call gives " + std::to_string(align));
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
-  launch_on(l, v, functions_on(l, v, has_mend_pass(layout)), args, layout);
+  launch_on(l, v, functions_on(l, v, kWithMend), args, layout);
 }
 
 }  // namespace cc1d

@@ -66,10 +66,12 @@ struct BwdParams {
 static_assert(sizeof(BwdParams) == 43 * 8, "BwdParams must stay 8-byte fields only");
 
 // Varlen prefill (causal_conv1d_varlen): packed sequences of one (dim, total_tokens)
-// tensor, sequence i at tokens [cu_seqlens[i], cu_seqlens[i+1]). One kernel
-// `cc1d_kernel`, grid (chunks, channel groups, sequences); chunks bounds the longest
-// sequence from the host (max_seqlen, else total_tokens) so no device value sizes
-// the grid. Sequence i starts from the last width-1 columns of its state-pool row
+// tensor, sequence i at tokens [cu_seqlens[i], cu_seqlens[i+1]). Two kernels
+// (runtime/src/varlen.cpp): `cc1d_kernel` convolves the packed stream as one
+// sequence (channel-last: the forward's kernel, launched with FwdParams), then
+// `cc1d_reduce`, grid (channel blocks, sequences), mends each sequence; no device
+// value sizes a grid. max_seqlen is a host bound the kernels no longer need.
+// Sequence i starts from the last width-1 columns of its state-pool row
 // when has_initial_state[i] (zeros otherwise) and writes the last state_len inputs
 // of (its old window, its tokens) back to that row. out == nullptr: states only
 // (causal_conv1d_varlen_states: conv_states is then the (num_seqs, dim, state_len)
