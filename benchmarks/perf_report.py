@@ -117,13 +117,16 @@ def update_table(res: dict) -> list[str]:
 def varlen_table(res: dict) -> list[str]:
     lines = ["| layout | sequences | tokens | cc1d µs | % of copy | without max_seqlen µs | "
              "cc1d causal_conv1d_fn + seq_idx µs | peer causal_conv1d_fn + seq_idx µs (same run) | "
-             "speed vs peer |", "|---|---|---|---|---|---|---|---|---|"]
+             "varlen speed vs peer's seq_idx | seq_idx speed vs peer |", "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def ratio(peer, ours):
+        return f"{peer / ours:.2f}x" if ours and peer else "—"
+
     for r in res["rows"]:
-        ours, peer = r.get("cc1d_us"), r.get("peer_us")
-        ratio = f"{peer / ours:.2f}x" if ours and peer else "—"
+        ours, peer, seq = r.get("cc1d_us"), r.get("peer_us"), r.get("fwd_seqidx_us")
         lines.append(f"| {r['layout']} | {r['num_seqs']} | {r['total_tokens']} | {_us(ours)} | "
-                     f"{_pct(r.get('cc1d_frac'))} | {_us(r.get('cc1d_nobound_us'))} | {_us(r.get('fwd_seqidx_us'))} | "
-                     f"{_us(peer)} | {ratio} |")
+                     f"{_pct(r.get('cc1d_frac'))} | {_us(r.get('cc1d_nobound_us'))} | {_us(seq)} | "
+                     f"{_us(peer)} | {ratio(peer, ours)} | {ratio(peer, seq)} |")
     return lines
 
 
