@@ -16,7 +16,7 @@ struct Dim3 { unsigned x = 1, y = 1, z = 1; };
 struct Functions {
   void* kernel = nullptr;  // cc1d_kernel (every variant)
   // cc1d_reduce, a variant's second kernel: backward variants sum the dweight/dbias
-  // partials; channel-first varlen variants mend each sequence's start and states.
+  // partials; varlen variants mend each sequence's start and states.
   void* reduce = nullptr;
 };
 
@@ -48,7 +48,7 @@ class Backend {
   virtual Functions find_functions(int device, const std::string& hash) = 0;
   // Loads `binary` as a module, caches it under `hash`, returns its entry points.
   // smem_bytes: dynamic shared memory cc1d_kernel's launches will ask for (opt-in > 48 KB).
-  // with_reduce: look up cc1d_reduce too (backward, channel-first varlen); never probed otherwise, as
+  // with_reduce: look up cc1d_reduce too (backward, varlen); never probed otherwise, as
   // a failed lookup would leave HIP's last-error set for the caller's next check.
   virtual Functions load_functions(int device, const std::string& hash, const std::vector<uint8_t>& binary,
                                    int smem_bytes, bool with_reduce) = 0;

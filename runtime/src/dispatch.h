@@ -56,7 +56,7 @@ int arch_id_of(const Location& l);  // remembered per device
 
 // The variant's kernels in the device's current context: compiled (through
 // the compile cache) and loaded on first use there. with_reduce: cc1d_reduce
-// too (backward and channel-first varlen variants).
+// too (backward and varlen variants).
 Functions functions_on(const Location& l, const KernelVariant& v, bool with_reduce);
 
 // The decision for `c` with its variant's kernels ready: loaded on l's device

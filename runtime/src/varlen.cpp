@@ -35,12 +35,10 @@ std::shared_ptr<const Decision> decide_for(const VarlenArgs& args, const std::st
   return decide(varlen_call(args, layout), arch_id_for(arch, args.p.x));
 }
 
-constexpr unsigned kMendThreads = 256;  // block of cc1d_reduce (MEND_THREADS in the templates)
-
 // Both layouts convolve the packed token stream as one sequence (cc1d_kernel), then
 // a second kernel (cc1d_reduce) mends each sequence's first outputs, the padded
-// ones and the states.
-constexpr bool kWithMend = true;
+// ones and the states: every varlen variant loads both (with_reduce).
+constexpr unsigned kMendThreads = 256;  // block of cc1d_reduce (MEND_THREADS in the templates)
 
 // Channel-last's cc1d_kernel is the channel-last forward: its parameters over the
 // stream, batch 1, no states and no sequence ids.
@@ -97,7 +95,7 @@ void causal_conv1d_varlen(const VarlenArgs& args) {
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
   Functions f;
-  const std::shared_ptr<const Decision> d = decide_loaded(varlen_call(args, layout), l, kWithMend, &f);
+  const std::shared_ptr<const Decision> d = decide_loaded(varlen_call(args, layout), l, /*with_reduce=*/true, &f);
   launch_on(l, *d->variant, f, args, layout);
 }
 
@@ -112,7 +110,7 @@ Explanation explain_varlen(const VarlenArgs& args, const std::string& arch) {
 Explanation prepare_varlen(const VarlenArgs& args, int device) {
   const Layout layout = validate_varlen(args);
   const Location l = prepare_location(args.p.x, device);
-  return explanation_of(*decide_loaded(varlen_call(args, layout), l, kWithMend, nullptr));
+  return explanation_of(*decide_loaded(varlen_call(args, layout), l, /*with_reduce=*/true, nullptr));
 }
 
 void launch_varlen(const KernelVariant& v, const VarlenArgs& args) {
@@ -126,7 +124,7 @@ void launch_varlen(const KernelVariant& v, const VarlenArgs& args) {
                           std::to_string(v.align_bytes) + " bytes, the call gives " + std::to_string(align));
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
-  launch_on(l, v, functions_on(l, v, kWithMend), args, layout);
+  launch_on(l, v, functions_on(l, v, /*with_reduce=*/true), args, layout);
 }
 
 }  // namespace cc1d
