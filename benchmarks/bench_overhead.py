@@ -1,9 +1,9 @@
 """Host overhead of a forward call: wall time per call of back-to-back eager calls
 on a tiny shape after warm-up (synchronised once, at the end), through
 cc1d.causal_conv1d_fn, through the bare runtime calls cc1d._cc1d.fwd (arguments
-built once) and a cc1d._cc1d.FwdPlan (what the API calls: pointers and stream per
-call), through Dao-AILab causal_conv1d_fn when installed, and a one-kernel torch
-op for scale; and of an eager training step (forward, then torch.autograd.grad)
+built once), a cc1d._cc1d.FwdPlan (pointers and stream per call) and its
+launcher (what the API calls: the same without pybind11's dispatch), through
+Dao-AILab causal_conv1d_fn when installed, and a one-kernel torch op for scale; and of an eager training step (forward, then torch.autograd.grad)
 through cc1d and through a no-op autograd.Function (the floor torch's autograd
 sets). The graph-timed device time of the same cc1d call says whether a row is
 bound by the host (wall time above it) or by the GPU. benchmarks/bench_python_path.py
@@ -53,6 +53,16 @@ def _plan_call(x, w, bias):
     return lambda: plan(*ptrs, stream)
 
 
+def _launcher_call(x, w, bias):
+    """_plan_call through the plan's launcher (a builtin function, no pybind11 dispatch):
+    what the API's eager calls pay in C++ since the launcher exists."""
+    out = torch.empty_like(x)
+    ptrs, *rest, stream = ops._fwd_call_args(x, w, bias, None, None, None, out, True,
+                                             torch.cuda.current_stream().cuda_stream)
+    launch = runtime().FwdPlan(*rest).launcher()
+    return lambda: launch(*ptrs, stream)
+
+
 def _training_steps(layout: str):
     """Forward + torch.autograd.grad (x, weight, bias need grad): through cc1d, and through _NoOpFn."""
     x, w, bias = _inputs(layout, "cuda", grad=True)
@@ -73,6 +83,7 @@ def cases(peer):
                     lambda x=x, w=w, bias=bias: cc1d.causal_conv1d_fn(x, w, bias, activation="silu"), True))
         out.append(("cc1d._cc1d.fwd (bare runtime call)", layout, _bare_call(x, w, bias), False))
         out.append(("cc1d._cc1d.FwdPlan (bare runtime call)", layout, _plan_call(x, w, bias), False))
+        out.append(("cc1d._cc1d.FwdPlan launcher (bare runtime call)", layout, _launcher_call(x, w, bias), False))
         if peer is not None:
             out.append(("causal_conv1d.causal_conv1d_fn", layout,
                         lambda x=x, w=w, bias=bias: peer(x, w, bias, activation="silu"), True))

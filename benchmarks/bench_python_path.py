@@ -47,6 +47,9 @@ class _StubPlan:
     def workspace_bytes(self, *args) -> int:
         return 4096
 
+    def launcher(self):
+        return self
+
 
 class _StubRuntime:
     """cc1d._cc1d's call surface, launching nothing (host mode)."""
@@ -196,6 +199,9 @@ def pieces(layout: str, device: str) -> list[tuple[str, Callable[[], object]]]:
             plan = rt.FwdPlan(*args[1:6])
             ptrs = args[0]
             rows.append(("runtime: _cc1d.FwdPlan call (C++ dispatch + launch)", lambda: plan(*ptrs, stream)))
+            if hasattr(plan, "launcher"):
+                launch = plan.launcher()
+                rows.append(("runtime: FwdPlan launcher call (what the API calls)", lambda: launch(*ptrs, stream)))
     xg, wg, bg = _inputs(layout, device, grad=True)
     dout = torch.randn_like(xg)
     rows += [

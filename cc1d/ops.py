@@ -22,6 +22,8 @@ _FN = "causal_conv1d_fn"
 _raw_stream = (getattr(torch._C, "_cuda_getCurrentRawStream", None)
                or (lambda index: torch.cuda.current_stream(index).cuda_stream))
 _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
 # The fast path's allocator for outputs laid out like x (tests poison it, as _empty_like_layout).
 _empty_like = torch.empty_like
 
@@ -185,12 +187,18 @@ _FWD_PLANS: dict = {}
 
 def _fwd_key(x, weight, bias, seq_idx, initial_states, final_states_out, return_final_states: bool) -> tuple:
     """causal_conv1d_fn's memo key: all that _validate reads but the activation (checked on
-    every call) and all that its plan follows from. Raises for arguments that are not tensors."""
-    return (type(x), x.shape, x.stride(), x.dtype, x.device,
-            type(weight), weight.shape, weight.stride(), weight.dtype, weight.device,
-            None if bias is None else _sig(bias), None if seq_idx is None else _sig(seq_idx),
-            None if initial_states is None else _sig(initial_states),
-            None if final_states_out is None else _sig(final_states_out), return_final_states)
+    every call) and all that its plan follows from. Raises for arguments that are not tensors.
+    Built inline for the common arguments: reading the metadata is most of a planned call's
+    Python cost."""
+    key = (type(x), x.shape, x.stride(), x.dtype, x.device,
+           type(weight), weight.shape, weight.stride(), weight.dtype, weight.device, return_final_states)
+    if bias is not None:
+        key += (type(bias), bias.shape, bias.stride(), bias.dtype, bias.device)
+    if seq_idx is not None or initial_states is not None or final_states_out is not None:
+        # The None markers keep these apart from the bias fields and from each other.
+        key += (None if seq_idx is None else _sig(seq_idx), None if initial_states is None else _sig(initial_states),
+                None if final_states_out is None else _sig(final_states_out))
+    return key
 
 
 def _make_fwd_plan(x, weight, bias, seq_idx, initial_states, final_states_out,
@@ -209,7 +217,8 @@ def _make_fwd_plan(x, weight, bias, seq_idx, initial_states, final_states_out,
     _, sizes, strides, x_dtype, w_dtype, _, _ = _fwd_call_args(
         xm, wm, _meta(bias), _meta(seq_idx), _meta(initial_states), fs, out, False, 0)
     rt = runtime()
-    launch = tuple(rt.FwdPlan(sizes, strides, x_dtype, w_dtype, silu) for silu in (False, True))
+    # The plans' launchers: builtin functions, called without pybind11's per-call dispatch.
+    launch = tuple(rt.FwdPlan(sizes, strides, x_dtype, w_dtype, silu).launcher() for silu in (False, True))
     return _FwdPlan(launch, contiguous, _is_like(x, xm, out, x.device), x.device.index)
 
 
@@ -270,7 +279,7 @@ def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     or ``(out, final_states)`` with ``return_final_states``; final_states is
     (batch, dim, width-1), written into ``final_states_out`` when given.
     """
-    if torch.compiler.is_compiling():  # first: the memo below is no graph's business
+    if _is_compiling():  # first: the memo below is no graph's business
         silu = _validate(x, weight, bias, seq_idx, initial_states, final_states_out, activation)
         out, fs = _fwd_op(x, weight, bias, seq_idx, initial_states, return_final_states, silu)
         if return_final_states and final_states_out is not None:
@@ -284,12 +293,13 @@ def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     except Exception:  # not tensors, or metadata that does not hash: _validate says what is wrong
         key = plan = None
     if plan is not None:
-        silu = C.check_activation(_FN, activation)  # the one check the key does not cover
+        # The one check the key does not cover.
+        silu = False if activation is None else C.check_activation(_FN, activation)
     else:
         silu = _validate(x, weight, bias, seq_idx, initial_states, final_states_out, activation)
         plan = _remember(_FWD_PLANS, key, _make_fwd_plan(x, weight, bias, seq_idx, initial_states,
                                                          final_states_out, want_fs))
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+    if _grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad)
                                     or (initial_states is not None and initial_states.requires_grad)):
         return _backward.CausalConv1dFn.apply(x, weight, bias, seq_idx, initial_states, return_final_states,

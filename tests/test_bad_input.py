@@ -13,6 +13,7 @@ prefill vfwd are in). The torch-level matrix is in test_bad_input_torch.py.
 """
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -126,6 +127,8 @@ FWD_ENTRY_POINTS: dict[str, Callable] = {
     "prepare_fwd": lambda rt, a: rt.prepare_fwd(*a, device=-1),
     # a plan converts all but the pointers and the stream once; its call is fwd's
     "FwdPlan": lambda rt, a: rt.FwdPlan(*a[1:])(*a[0], 0),
+    # the plan's launcher (what the PyTorch API calls) raises as the bindings do
+    "FwdPlan.launcher": lambda rt, a: rt.FwdPlan(*a[1:]).launcher()(*a[0], 0),
 }
 
 # ---- backward --------------------------------------------------------------------
@@ -491,3 +494,23 @@ def test_wrong_argument_counts_are_type_errors(rt, op):
                 (ptrs, sizes, ("a",) * len(strides))):
         with pytest.raises(TypeError):
             explain(rt, (*bad, *rest))
+
+
+def test_fwd_plan_launcher_names_its_bad_arguments(rt):
+    """The launcher parses its ints itself (no pybind11): counts, types and ranges are
+    TypeError / ValueError naming the argument, and it keeps its plan alive."""
+    ptrs, sizes, strides, *rest = fwd_call()
+    launch = rt.FwdPlan(sizes, strides, *rest).launcher()
+    with pytest.raises(TypeError, match="expected 8 arguments .*got 7"):
+        launch(*ptrs)
+    with pytest.raises(TypeError, match="bias: expected an int .*got str"):
+        launch(ptrs[0], ptrs[1], "b", *ptrs[3:], 0)
+    with pytest.raises(TypeError, match="stream: expected an int .*got float"):
+        launch(*ptrs, 0.0)
+    with pytest.raises(ValueError, match="out: expected an int in the int64 range"):
+        launch(*ptrs[:5], 1 << 64, ptrs[6], 0)
+    with pytest.raises(ValueError, match="x must not be null"):
+        launch(0, *ptrs[1:], 0)
+    gc.collect()  # the plan object has no other reference
+    with pytest.raises(RuntimeError, match="no GPU backend owns pointer|GPU|driver"):
+        launch(*ptrs, 0)  # the plan is still there: the call reaches the device look-up

@@ -51,10 +51,13 @@ class Recorder:
         self.plans += 1
         rec, fixed = self, (tuple(sizes), tuple(strides), x_dtype, w_dtype, silu)
 
-        def launch(*ptrs_and_stream):
-            assert len(ptrs_and_stream) == 8
-            rec.calls.append(("fwd", ptrs_and_stream[:7], *fixed))
-        return launch
+        class Plan:
+            def launcher(self):
+                def launch(*ptrs_and_stream):
+                    assert len(ptrs_and_stream) == 8
+                    rec.calls.append(("fwd", ptrs_and_stream[:7], *fixed))
+                return launch
+        return Plan()
 
     def BwdPlan(self, sizes, strides, x_dtype, w_dtype, silu):
         self.plans += 1

@@ -46,6 +46,10 @@ class Backend {
   // The module of `hash` in the device's current context: its entry points,
   // or {} if it is not loaded there. Cheap: a lookup, no allocation once loaded.
   virtual Functions find_functions(int device, const std::string& hash) = 0;
+  // What find_functions looks modules up by, as an opaque handle: CUDA the
+  // calling thread's current context (nullptr when none is current), HIP the
+  // device. Equal handles find the same modules. Cheap; never throws.
+  virtual const void* module_scope(int device) noexcept = 0;
   // Loads `binary` as a module, caches it under `hash`, returns its entry points.
   // smem_bytes: dynamic shared memory cc1d_kernel's launches will ask for (opt-in > 48 KB).
   // with_reduce: look up cc1d_reduce too (backward, varlen); never probed otherwise, as

@@ -212,6 +212,12 @@ class CudaBackend final : public Backend {
     return f == c->second.end() ? Functions{} : f->second.functions;
   }
 
+  const void* module_scope(int /*device: modules are per context*/) noexcept override {
+    const Driver* d = driver_or_null();
+    CUcontext ctx = nullptr;
+    return d && d->cuCtxGetCurrent(&ctx) == CUDA_SUCCESS ? ctx : nullptr;
+  }
+
   Functions load_functions(int device, const std::string& hash, const std::vector<uint8_t>& binary,
                            int smem_bytes, bool with_reduce) override {
     std::lock_guard<std::mutex> lock(mu_);

@@ -245,6 +245,11 @@ class HipBackend final : public Backend {
     return f == modules_[device].end() ? Functions{} : f->second.functions;
   }
 
+  const void* module_scope(int device) noexcept override {
+    // Modules are kept per device; the handle is the device, offset so that it is never null.
+    return reinterpret_cast<const void*>(uintptr_t(device) + 1);
+  }
+
   Functions load_functions(int device, const std::string& hash, const std::vector<uint8_t>& binary,
                            int /*smem_bytes: AMD needs no opt-in up to the LDS size*/, bool with_reduce) override {
     std::lock_guard<std::mutex> lock(mu_);

@@ -309,6 +309,8 @@ class Dispatcher {
     chain_.package_dir = dir;
     forget_locked();
   }
+  uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
+
   // Keeps the broken winners: their sources will not compile any better.
   void clear() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -374,7 +376,8 @@ class Dispatcher {
   std::mutex mu_;
   std::unordered_map<Key, std::shared_ptr<const Decision>, KeyHash> memo_;
   Chain chain_;
-  uint64_t generation_ = 0;
+  // Read without the lock by plans (dispatch_generation); changed only under it.
+  std::atomic<uint64_t> generation_{0};
 };
 
 Dispatcher& dispatcher() {
@@ -404,6 +407,8 @@ std::size_t family_of(const Call& c, char (&buf)[kFamilyBufSize]) {
 }
 
 std::shared_ptr<const Decision> decide(const Call& c, int arch_id) { return dispatcher().decide(c, arch_id); }
+
+uint64_t dispatch_generation() { return dispatcher().generation(); }
 
 Location locate(const void* x) {
   Location l{&cuda_backend(), -1};

@@ -41,6 +41,11 @@ struct Decision {
 // Touches no compiler: a tuned winner not yet found broken (below) may be named.
 std::shared_ptr<const Decision> decide(const Call& c, int arch_id);
 
+// Changes whenever decisions made before may no longer hold (set_tuning_dbs,
+// set_package_dir, clear_dispatch_cache, a tuned winner found broken): what a
+// plan's remembered launch is checked against.
+uint64_t dispatch_generation();
+
 // Arch id to decide for: `arch` if given (checked to be a target), else the
 // target of the device owning x, else 0 (unknown).
 int arch_id_for(const std::string& arch, const void* x);

@@ -1,4 +1,6 @@
 // Forward entry points (cc1d.h): check, decide (dispatch.h), launch.
+#include <mutex>
+
 #include "cc1d/cc1d.h"
 #include "dispatch.h"
 #include "tuning_db.h"
@@ -28,15 +30,15 @@ std::shared_ptr<const Decision> decide_for(const FwdArgs& args, const std::strin
   return decide(fwd_call(args, layout), arch_id_for(arch, args.p.x));
 }
 
+Dim3 grid_of(const Location& l, const KernelVariant& v, const FwdParams& p) {
+  const Dim3 max = l.backend->max_grid(l.device);
+  return {grid_dim(p.seqlen, v.tile_l, max.x), grid_dim(p.dim, v.tile_d, max.y), grid_dim(p.batch, 1, max.z)};
+}
+
 void launch_on(const Location& l, const KernelVariant& v, const Functions& f, const FwdArgs& a) {
-  Backend* backend = l.backend;
-  const int device = l.device;
-  const Dim3 max = backend->max_grid(device);
-  const Dim3 grid{grid_dim(a.p.seqlen, v.tile_l, max.x), grid_dim(a.p.dim, v.tile_d, max.y),
-                  grid_dim(a.p.batch, 1, max.z)};
   FwdParams params = a.p;
-  backend->launch(f.kernel, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), a.stream, &params,
-                  sizeof params);
+  l.backend->launch(f.kernel, grid_of(l, v, a.p), Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes),
+                    a.stream, &params, sizeof params);
 }
 
 }  // namespace
@@ -83,6 +85,62 @@ void launch_fwd(const KernelVariant& v, const FwdArgs& args) {
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
   launch_on(l, v, functions_on(l, v, /*with_reduce=*/false), args);
+}
+
+// ---- FwdPlan ---------------------------------------------------------------
+
+// The launch a plan made last, and what it was valid for.
+struct FwdPlan::Remembered {
+  struct Launch {
+    uint64_t generation = 0;
+    Backend* backend = nullptr;
+    int device = -1;
+    const void* scope = nullptr;  // nullptr: nothing remembered
+    unsigned features = 0;
+    int align = 0;
+    void* kernel = nullptr;
+    Dim3 grid, block;
+    unsigned smem = 0;
+  };
+  mutable std::mutex mu;
+  Launch last;  // guarded by mu
+};
+
+FwdPlan::FwdPlan(const FwdArgs& args) : args_(args), remembered_(std::make_unique<Remembered>()) {}
+FwdPlan::~FwdPlan() = default;
+
+void FwdPlan::run(const FwdBuffers& b, void* stream) const {
+  FwdArgs a = args_;
+  a.p.x = b.x;
+  a.p.weight = b.weight;
+  a.p.bias = b.bias;
+  a.p.seq_idx = b.seq_idx;
+  a.p.initial_states = b.initial_states;
+  a.p.out = b.out;
+  a.p.final_states = b.final_states;
+  a.stream = stream;
+  const Layout layout = validate_fwd(a);
+  const Location l = locate(a.p.x);
+  if (l.device < 0) throw_no_device(a.p.x);
+  const Call c = fwd_call(a, layout);
+  // Read first: a change made while this call decides makes the next call decide again.
+  const uint64_t generation = dispatch_generation();
+  Remembered::Launch r;
+  {
+    std::lock_guard<std::mutex> lock(remembered_->mu);
+    r = remembered_->last;
+  }
+  if (!r.scope || r.generation != generation || r.backend != l.backend || r.device != l.device ||
+      r.features != c.features || r.align != c.align || r.scope != l.backend->module_scope(l.device)) {
+    Functions f;
+    const std::shared_ptr<const Decision> d = decide_loaded(c, l, /*with_reduce=*/false, &f);
+    const KernelVariant& v = *d->variant;
+    r = {generation, l.backend, l.device, l.backend->module_scope(l.device), c.features, c.align, f.kernel,
+         grid_of(l, v, a.p), Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes)};
+    std::lock_guard<std::mutex> lock(remembered_->mu);
+    remembered_->last = r;
+  }
+  l.backend->launch(r.kernel, r.grid, r.block, r.smem, stream, &a.p, sizeof a.p);
 }
 
 }  // namespace cc1d

@@ -11,6 +11,7 @@
 
 #include "catalog.h"
 #include "cc1d/cc1d.h"
+#include "python_fastcall.h"
 
 namespace py = pybind11;
 using namespace cc1d;
@@ -167,10 +168,8 @@ UpdArgs make_upd_args(const UpdPtrs& ptrs, const UpdSizes& sizes, const UpdStrid
 // A call's sizes, strides, dtypes and activation, converted once. The PyTorch API
 // keeps one per call signature, so that a call converts only its pointers and
 // stream: converting fwd()'s and bwd()'s tuples costs more than the rest of the
-// binding. The calls check and dispatch exactly as fwd() and bwd() do.
-struct FwdPlan {
-  FwdArgs args;
-};
+// binding. The calls check and dispatch exactly as fwd() and bwd() do; the
+// forward's is cc1d::FwdPlan, which also remembers its launch.
 struct BwdPlan {
   BwdArgs args;
 };
@@ -254,11 +253,13 @@ PYBIND11_MODULE(_cc1d, m) {
 
   // Translators run newest first: the base class goes first so that the
   // derived ones below are tried before it.
-  py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
-  py::register_exception<CompileError>(m, "CompileError", PyExc_RuntimeError);
-  py::register_exception<BackendError>(m, "BackendError", PyExc_RuntimeError);
-  py::register_exception<TypeMismatch>(m, "TypeMismatch", PyExc_TypeError);
-  py::register_exception<InvalidArgument>(m, "InvalidArgument", PyExc_ValueError);
+  cc1d_py::set_error_types({
+      py::register_exception<Error>(m, "Error", PyExc_RuntimeError).ptr(),
+      py::register_exception<CompileError>(m, "CompileError", PyExc_RuntimeError).ptr(),
+      py::register_exception<BackendError>(m, "BackendError", PyExc_RuntimeError).ptr(),
+      py::register_exception<TypeMismatch>(m, "TypeMismatch", PyExc_TypeError).ptr(),
+      py::register_exception<InvalidArgument>(m, "InvalidArgument", PyExc_ValueError).ptr(),
+  });
 
   m.def(
       "compile",
@@ -290,26 +291,35 @@ PYBIND11_MODULE(_cc1d, m) {
       py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
       py::arg("silu"), py::arg("stream"));
 
-  py::class_<FwdPlan>(m, "FwdPlan",
-                      "FwdPlan(sizes, strides, x_dtype, w_dtype, silu): fwd's arguments but the pointers and the "
-                      "stream, converted once; plan(x, weight, bias, seq_idx, initial_states, out, final_states, "
-                      "stream) is fwd((x, ..., final_states), sizes, strides, x_dtype, w_dtype, silu, stream).")
+  py::class_<cc1d::FwdPlan, std::shared_ptr<cc1d::FwdPlan>>(m, "FwdPlan",
+                            "FwdPlan(sizes, strides, x_dtype, w_dtype, silu): fwd's arguments but the pointers and "
+                            "the stream, converted once; plan(x, weight, bias, seq_idx, initial_states, out, "
+                            "final_states, stream) is fwd((x, ..., final_states), sizes, strides, x_dtype, w_dtype, "
+                            "silu, stream), and remembers its launch (cc1d::FwdPlan).")
       .def(py::init([](const Sizes& sizes, const Strides& strides, int x_dtype, int w_dtype, bool silu) {
-             return FwdPlan{make_args(Ptrs{}, sizes, strides, x_dtype, w_dtype, silu, 0)};
+             return std::make_shared<cc1d::FwdPlan>(make_args(Ptrs{}, sizes, strides, x_dtype, w_dtype, silu, 0));
            }),
            py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"), py::arg("silu"))
       .def(
           "__call__",
-          [](const FwdPlan& plan, int64_t x, int64_t weight, int64_t bias, int64_t seq_idx, int64_t initial_states,
-             int64_t out, int64_t final_states, int64_t stream) {
-            FwdArgs a = plan.args;
-            set_ptrs(a.p, Ptrs{x, weight, bias, seq_idx, initial_states, out, final_states});
-            a.stream = as_ptr<void>(stream);
+          [](const cc1d::FwdPlan& plan, int64_t x, int64_t weight, int64_t bias, int64_t seq_idx,
+             int64_t initial_states, int64_t out, int64_t final_states, int64_t stream) {
+            FwdBuffers b;
+            b.x = as_ptr<const void>(x);
+            b.weight = as_ptr<const void>(weight);
+            b.bias = as_ptr<const void>(bias);
+            b.seq_idx = as_ptr<const int32_t>(seq_idx);
+            b.initial_states = as_ptr<const void>(initial_states);
+            b.out = as_ptr<void>(out);
+            b.final_states = as_ptr<void>(final_states);
             py::gil_scoped_release nogil;
-            causal_conv1d_fwd(a);
+            plan.run(b, as_ptr<void>(stream));
           },
           py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("seq_idx"), py::arg("initial_states"),
-          py::arg("out"), py::arg("final_states"), py::arg("stream"));
+          py::arg("out"), py::arg("final_states"), py::arg("stream"))
+      .def("launcher", [](std::shared_ptr<cc1d::FwdPlan> self) { return cc1d_py::fwd_launcher(std::move(self)); },
+           "A builtin function f(x, weight, bias, seq_idx, initial_states, out, final_states, stream) doing what "
+           "plan(...) does, called without pybind11's dispatcher (a fraction of its per-call cost).");
 
   m.def(
       "launch_fwd",

@@ -70,6 +70,19 @@ cc1d::FwdArgs good_args() {
   return a;
 }
 
+// a's pointers, for FwdPlan::run.
+cc1d::FwdBuffers buffers_of(const cc1d::FwdArgs& a) {
+  cc1d::FwdBuffers b;
+  b.x = a.p.x;
+  b.weight = a.p.weight;
+  b.bias = a.p.bias;
+  b.seq_idx = a.p.seq_idx;
+  b.initial_states = a.p.initial_states;
+  b.out = a.p.out;
+  b.final_states = a.p.final_states;
+  return b;
+}
+
 void test_validation() {
   using cc1d::InvalidArgument;
   using cc1d::TypeMismatch;
@@ -173,6 +186,7 @@ void test_fwd_matrix() {
       {"explain_fwd", [](const cc1d::FwdArgs& a) { cc1d::explain_fwd(a, "sm_999"); }},
       {"prepare_fwd", [](const cc1d::FwdArgs& a) { cc1d::prepare_fwd(a); }},
       {"launch_fwd", [v](const cc1d::FwdArgs& a) { cc1d::launch_fwd(v, a); }},
+      {"FwdPlan::run", [](const cc1d::FwdArgs& a) { cc1d::FwdPlan(a).run(buffers_of(a), a.stream); }},
   };
   for (const auto& row : rows)
     for (const auto& [entry, call] : entries) {
@@ -369,6 +383,8 @@ void test_no_driver() {
   }
   check_throws<cc1d::BackendError>([] { cc1d::causal_conv1d_bwd(good_bwd_args()); }, "no GPU backend owns pointer",
                                    "causal_conv1d_bwd without a GPU");
+  check_throws<cc1d::BackendError>([&a] { cc1d::FwdPlan(a).run(buffers_of(a), nullptr); },
+                                   "no GPU backend owns pointer", "FwdPlan::run without a GPU");
   check_throws<cc1d::BackendError>([&a] { cc1d::prepare_fwd(a); }, "no GPU to prepare for",
                                    "prepare_fwd without a GPU");
   check_throws<cc1d::InvalidArgument>([&a] { auto b = a; b.width = 1; cc1d::prepare_fwd(b); },
@@ -457,6 +473,28 @@ void test_gpu_forward() {
     double err = 0;
     for (std::size_t i = 0; i < out.size(); ++i) err = std::max(err, double(std::fabs(out[i] - ref[i])));
     check(err < 1e-4, key + " max abs error " + std::to_string(err));
+    // FwdPlan: the same kernel; its second run reuses the remembered launch, and a
+    // cleared dispatcher makes it decide again. Out is poisoned (NaN) before each check.
+    const std::vector<float> nan_out(x.size(), std::nanf(""));
+    const cc1d::FwdPlan plan(a);
+    auto plan_error = [&] {
+      cuMemcpyHtoD(dout, nan_out.data(), nan_out.size() * 4);
+      plan.run(buffers_of(a), nullptr);
+      check(cuCtxSynchronize() == 0, "FwdPlan kernel ran: " + key);
+      cuMemcpyDtoH(out.data(), dout, out.size() * 4);
+      double e = 0;
+      for (std::size_t i = 0; i < out.size(); ++i)
+        e = std::isnan(out[i]) ? INFINITY : std::max(e, double(std::fabs(out[i] - ref[i])));
+      return e;
+    };
+    check(plan_error() < 1e-4, "FwdPlan first run matches the reference");
+    const cc1d::DispatchStats plan_before = cc1d::dispatch_stats();
+    check(plan_error() < 1e-4, "FwdPlan remembered run matches the reference");
+    check(cc1d::dispatch_stats().decisions == plan_before.decisions, "FwdPlan's second run decides nothing");
+    cc1d::clear_dispatch_cache();
+    check(plan_error() < 1e-4, "FwdPlan run after clear_dispatch_cache matches the reference");
+    check(cc1d::dispatch_stats().decisions == plan_before.decisions + 1,
+          "FwdPlan decides again after clear_dispatch_cache");
     // Host cost of a launch once compiled (reported, not checked).
     const int n = 20000;
     auto t0 = std::chrono::steady_clock::now();
@@ -464,6 +502,12 @@ void test_gpu_forward() {
     auto t1 = std::chrono::steady_clock::now();
     cuCtxSynchronize();
     std::printf("info host time per causal_conv1d_fwd call: %.2f us\n",
+                std::chrono::duration<double, std::micro>(t1 - t0).count() / n);
+    t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) plan.run(buffers_of(a), nullptr);
+    t1 = std::chrono::steady_clock::now();
+    cuCtxSynchronize();
+    std::printf("info host time per FwdPlan::run call: %.2f us\n",
                 std::chrono::duration<double, std::micro>(t1 - t0).count() / n);
   }
 }

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -139,6 +140,40 @@ void clear_dispatch_cache();
 // cache and launch path as causal_conv1d_fwd). Throws InvalidArgument if the
 // call breaks the variant's stated requirements.
 void launch_fwd(const KernelVariant& v, const FwdArgs& args);
+
+// The per-call part of a forward call: its buffers (FwdParams' pointers).
+struct FwdBuffers {
+  const void* x = nullptr;
+  const void* weight = nullptr;
+  const void* bias = nullptr;
+  const int32_t* seq_idx = nullptr;
+  const void* initial_states = nullptr;
+  void* out = nullptr;
+  void* final_states = nullptr;
+};
+
+// Repeated forward calls of one kind (sizes, strides, dtypes, width, silu),
+// for latency-bound loops: run(buffers, stream) is causal_conv1d_fwd with
+// `args`' non-pointer fields and these buffers, same checks, same kernel.
+// It remembers the launch it made (kernel, grid) and reuses it while the
+// buffers' features (which are null) and alignment class, the backend's
+// module scope (CUDA: the current context) and the dispatcher's state (tuning
+// DBs, clear_dispatch_cache) are unchanged: a repeated call checks its
+// arguments, locates x and launches, skipping the dispatcher's memo and the
+// module lookup. Thread-safe; not copyable.
+class FwdPlan {
+ public:
+  explicit FwdPlan(const FwdArgs& args);  // args.p's pointers and args.stream are not used
+  ~FwdPlan();
+  FwdPlan(const FwdPlan&) = delete;
+  FwdPlan& operator=(const FwdPlan&) = delete;
+  void run(const FwdBuffers& buffers, void* stream) const;
+
+ private:
+  struct Remembered;
+  FwdArgs args_;
+  std::unique_ptr<Remembered> remembered_;
+};
 
 // ---- backward -----------------------------------------------------------
 // Gradients of causal_conv1d_fwd: dx (and dinitial_states) from dout, plus
