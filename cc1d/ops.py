@@ -300,8 +300,8 @@ def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
         plan = _remember(_FWD_PLANS, key, _make_fwd_plan(x, weight, bias, seq_idx, initial_states,
                                                          final_states_out, want_fs))
     if _grad_enabled() and (x.requires_grad or weight.requires_grad
-                                    or (bias is not None and bias.requires_grad)
-                                    or (initial_states is not None and initial_states.requires_grad)):
+                            or (bias is not None and bias.requires_grad)
+                            or (initial_states is not None and initial_states.requires_grad)):
         return _backward.CausalConv1dFn.apply(x, weight, bias, seq_idx, initial_states, return_final_states,
                                               final_states_out, silu, plan)
     if not want_fs:

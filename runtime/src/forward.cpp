@@ -102,7 +102,7 @@ struct FwdPlan::Remembered {
     Dim3 grid, block;
     unsigned smem = 0;
   };
-  mutable std::mutex mu;
+  std::mutex mu;
   Launch last;  // guarded by mu
 };
 
