@@ -20,7 +20,6 @@
 
 #include "cc1d/cc1d.h"
 #include "dispatch.h"
-#include "tuning_db.h"
 
 namespace {
 
@@ -100,17 +99,7 @@ void run_layout(bool channel_last, int calls, int rounds) {
   const cc1d::Layout layout = cc1d::validate_fwd(a);
   const cc1d::Location l = cc1d::locate(a.p.x);
   const int arch = cc1d::arch_id_of(l);
-  cc1d::Call c;
-  c.op = cc1d::Op::fwd;
-  c.layout = layout;
-  c.x_dtype = a.x_dtype;
-  c.w_dtype = a.w_dtype;
-  c.width = a.width;
-  c.batch = a.p.batch;
-  c.dim = a.p.dim;
-  c.seqlen = a.p.seqlen;
-  c.features = cc1d::kBias | cc1d::kSilu;
-  c.align = cc1d::fwd_alignment(a, layout);
+  const cc1d::Call c = cc1d::fwd_call(a, layout);
   const auto d = cc1d::decide(c, arch);
   const cc1d::KernelVariant& v = *d->variant;
   const cc1d::Functions f = cc1d::functions_on(l, v, false);

@@ -27,6 +27,9 @@ struct Call {
   int align = 0;          // the call's alignment class in bytes (a power of two <= 256)
 };
 
+// A forward call's Call (forward.cpp): its features from which pointers are set, its alignment class.
+Call fwd_call(const FwdArgs& a, Layout layout);
+
 // "fwd.cl.bf16wf32.w4" / "bwd.cf.f16wf16.w3" / "vfwd.cf.bf16wbf16.w4" for the call; returns its length.
 std::size_t family_of(const Call& c, char (&buf)[kFamilyBufSize]);
 

@@ -6,7 +6,6 @@
 #include "tuning_db.h"
 
 namespace cc1d {
-namespace {
 
 Call fwd_call(const FwdArgs& a, Layout layout) {
   const FwdParams& p = a.p;
@@ -25,20 +24,22 @@ Call fwd_call(const FwdArgs& a, Layout layout) {
   return c;
 }
 
+namespace {
+
 std::shared_ptr<const Decision> decide_for(const FwdArgs& args, const std::string& arch) {
   const Layout layout = validate_fwd(args);
   return decide(fwd_call(args, layout), arch_id_for(arch, args.p.x));
 }
 
-Dim3 grid_of(const Location& l, const KernelVariant& v, const FwdParams& p) {
-  const Dim3 max = l.backend->max_grid(l.device);
-  return {grid_dim(p.seqlen, v.tile_l, max.x), grid_dim(p.dim, v.tile_d, max.y), grid_dim(p.batch, 1, max.z)};
-}
-
 void launch_on(const Location& l, const KernelVariant& v, const Functions& f, const FwdArgs& a) {
+  Backend* backend = l.backend;
+  const int device = l.device;
+  const Dim3 max = backend->max_grid(device);
+  const Dim3 grid{grid_dim(a.p.seqlen, v.tile_l, max.x), grid_dim(a.p.dim, v.tile_d, max.y),
+                  grid_dim(a.p.batch, 1, max.z)};
   FwdParams params = a.p;
-  l.backend->launch(f.kernel, grid_of(l, v, a.p), Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes),
-                    a.stream, &params, sizeof params);
+  backend->launch(f.kernel, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), a.stream, &params,
+                  sizeof params);
 }
 
 }  // namespace
@@ -89,18 +90,17 @@ void launch_fwd(const KernelVariant& v, const FwdArgs& args) {
 
 // ---- FwdPlan ---------------------------------------------------------------
 
-// The launch a plan made last, and what it was valid for.
+// The decision a plan launched last, its loaded kernel, and what they were valid for.
 struct FwdPlan::Remembered {
   struct Launch {
+    std::shared_ptr<const Decision> decision;  // null: nothing remembered
+    Functions functions;
     uint64_t generation = 0;
     Backend* backend = nullptr;
     int device = -1;
-    const void* scope = nullptr;  // nullptr: nothing remembered
+    const void* scope = nullptr;
     unsigned features = 0;
     int align = 0;
-    void* kernel = nullptr;
-    Dim3 grid, block;
-    unsigned smem = 0;
   };
   std::mutex mu;
   Launch last;  // guarded by mu
@@ -130,17 +130,20 @@ void FwdPlan::run(const FwdBuffers& b, void* stream) const {
     std::lock_guard<std::mutex> lock(remembered_->mu);
     r = remembered_->last;
   }
-  if (!r.scope || r.generation != generation || r.backend != l.backend || r.device != l.device ||
+  if (!r.decision || r.generation != generation || r.backend != l.backend || r.device != l.device ||
       r.features != c.features || r.align != c.align || r.scope != l.backend->module_scope(l.device)) {
-    Functions f;
-    const std::shared_ptr<const Decision> d = decide_loaded(c, l, /*with_reduce=*/false, &f);
-    const KernelVariant& v = *d->variant;
-    r = {generation, l.backend, l.device, l.backend->module_scope(l.device), c.features, c.align, f.kernel,
-         grid_of(l, v, a.p), Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes)};
+    r.decision = decide_loaded(c, l, /*with_reduce=*/false, &r.functions);
+    // After loading: a first load makes the device's primary context current.
+    r.scope = l.backend->module_scope(l.device);
+    r.generation = generation;
+    r.backend = l.backend;
+    r.device = l.device;
+    r.features = c.features;
+    r.align = c.align;
     std::lock_guard<std::mutex> lock(remembered_->mu);
     remembered_->last = r;
   }
-  l.backend->launch(r.kernel, r.grid, r.block, r.smem, stream, &a.p, sizeof a.p);
+  launch_on(l, *r.decision->variant, r.functions, a);
 }
 
 }  // namespace cc1d

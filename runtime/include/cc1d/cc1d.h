@@ -155,7 +155,7 @@ struct FwdBuffers {
 // Repeated forward calls of one kind (sizes, strides, dtypes, width, silu),
 // for latency-bound loops: run(buffers, stream) is causal_conv1d_fwd with
 // `args`' non-pointer fields and these buffers, same checks, same kernel.
-// It remembers the launch it made (kernel, grid) and reuses it while the
+// It remembers its last decision and loaded kernel and reuses them while the
 // buffers' features (which are null) and alignment class, the backend's
 // module scope (CUDA: the current context) and the dispatcher's state (tuning
 // DBs, clear_dispatch_cache) are unchanged: a repeated call checks its
