@@ -7,7 +7,11 @@ templates) or KEY@FILE.cu (that source, launched with KEY's geometry).
 
     python benchmarks/probe_variants.py --shape fwd,cf,bf16/bf16,4,8,5120,2048 \\
         fwd.cf.bf16wbf16.w4.t64.v16.n4.r1.hshfl  fwd.cf.bf16wbf16.w4.t64.v16.n4.r1.hshfl@my.cu \\
-        [--sass-dir DIR] [--no-silu]
+        [--sass-dir DIR] [--no-silu] [--peer]
+
+--peer also times causal-conv1d's forward on the same inputs (forward shapes,
+where it is installed), so a candidate's speed can be read against the peer's
+in the same run.
 """
 from __future__ import annotations
 
@@ -75,11 +79,27 @@ def resources(source: str, sass_dir: Path | None, name: str) -> str:
     return used
 
 
+def print_peer_row(shape: Shape, sets: list, nbytes: int, ceiling: float) -> None:
+    """causal-conv1d's forward on the same input sets, as a table row."""
+    if shape.op != "fwd":
+        raise SystemExit(f"--peer: only forward shapes have a peer here, got op {shape.op!r}")
+    try:
+        from causal_conv1d import causal_conv1d_fn as peer
+    except ImportError:
+        print("| causal-conv1d (not installed) | — | — | — | — |")
+        return
+    act = None if shape.activation == "none" else "silu"
+    fns = [lambda s=s: peer(s[0]["x"], s[0]["weight"], s[0]["bias"], activation=act) for s in sets]
+    us = graph_time_us(fns)
+    print(f"| causal-conv1d | {us:.1f} | {100 * nbytes / us / 1e3 / ceiling:.0f} % | — | — |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", required=True, help="op,layout,x/w dtypes,width,batch,dim,seqlen")
     ap.add_argument("--no-silu", action="store_true")
     ap.add_argument("--sass-dir", type=Path)
+    ap.add_argument("--peer", action="store_true", help="time causal-conv1d's forward too (fwd shapes)")
     ap.add_argument("candidates", nargs="+")
     args = ap.parse_args()
     shape = parse_shape(args.shape, not args.no_silu)
@@ -94,6 +114,8 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}; copy {ceiling:.0f} GB/s; {args.shape} silu={not args.no_silu}")
     print("| candidate | µs | % copy | rel err | registers |")
     print("|---|---|---|---|---|")
+    if args.peer:
+        print_peer_row(shape, sets, nbytes, ceiling)
     stream = torch.cuda.current_stream().cuda_stream
     for spec in args.candidates:
         name, kernel = kernel_dict(spec)
