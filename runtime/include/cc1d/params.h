@@ -68,7 +68,8 @@ static_assert(sizeof(BwdParams) == 43 * 8, "BwdParams must stay 8-byte fields on
 // Varlen prefill (causal_conv1d_varlen): packed sequences of one (dim, total_tokens)
 // tensor, sequence i at tokens [cu_seqlens[i], cu_seqlens[i+1]). Two kernels
 // (runtime/src/varlen.cpp): `cc1d_kernel` convolves the packed stream as one
-// sequence (channel-last: the forward's kernel, launched with FwdParams), then
+// sequence (the forward's tiles; channel-last: the forward's kernel, launched with
+// FwdParams; channel-first: takes VarlenParams and runs the forward's tiles), then
 // `cc1d_reduce`, grid (channel blocks, sequences), mends each sequence; no device
 // value sizes a grid. max_seqlen is a host bound the kernels no longer need.
 // Sequence i starts from the last width-1 columns of its state-pool row
