@@ -120,7 +120,10 @@ def main() -> None:
     for spec in args.candidates:
         name, kernel = kernel_dict(spec)
         used = resources(kernel["source"], args.sass_dir, name)
-        inputs, outputs = sets[0]
+        # Fresh inputs (sets[0]'s seed) for each candidate: the update writes its state
+        # in place, so sets[0] after an earlier candidate's timing no longer matches ref.
+        inputs = problem.make_inputs(shape, seed=0)
+        outputs = problem.make_outputs(shape, inputs)
         problem.launch(_cc1d, kernel, shape, inputs, outputs, stream)
         torch.cuda.synchronize()
         errs = []
