@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import cc1d
+from peers import causal_conv1d
 from timing import copy_ceiling_gbps, graph_time_us, n_buffers
 
 DT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -37,14 +38,6 @@ CASES = [
     ("cf", "bf16", "bf16", 8, 8, 5120, 2048),
     ("cl", "bf16", "bf16", 8, 8, 5120, 2048),
 ]
-
-
-def _peer():
-    try:
-        from causal_conv1d import causal_conv1d_fn as peer
-        return peer
-    except ImportError:
-        return None
 
 
 def make_sets(layout, xd, wd, width, batch, dim, seqlen):
@@ -93,7 +86,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="first three cases only")
     args = ap.parse_args()
     copy_gbps = copy_ceiling_gbps()
-    peer = _peer()
+    peer = causal_conv1d("causal_conv1d_fn")
     cases = CASES[:3] if args.quick else CASES
     rows = [bench_case(c, copy_gbps, peer) for c in cases]
     dev = torch.cuda.get_device_name()

@@ -23,15 +23,8 @@ import cc1d
 from cc1d import ops
 from cc1d._runtime import runtime
 from bench_python_path import DTYPE, SHAPE, WIDTH, _NoOpFn, _inputs  # one shape and floor for both
+from peers import causal_conv1d
 from timing import graph_time_us, host_time_us
-
-
-def _peer():
-    try:
-        from causal_conv1d import causal_conv1d_fn as peer
-        return peer
-    except ImportError:
-        return None
 
 
 def _bare_call(x, w, bias):
@@ -105,7 +98,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.calls < 1 or args.rounds < 1:
         ap.error(f"--calls and --rounds: expected positive numbers, got {args.calls} and {args.rounds}")
-    peer = _peer()
+    peer = causal_conv1d("causal_conv1d_fn")
     explained = {layout: cc1d.warmup([SHAPE], dtype=DTYPE, weight_dtype=DTYPE, width=WIDTH, layout=layout)[0]
                  for layout in ("cf", "cl")}
     rows = []

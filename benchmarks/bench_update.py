@@ -17,18 +17,11 @@ import platform
 import torch
 
 import cc1d
+from peers import causal_conv1d
 from timing import copy_ceiling_gbps, graph_time_us, host_time_us, n_buffers
 
 BATCHES = (1, 16, 64, 256)
 DIM, WIDTH, DTYPE = 5120, 4, torch.bfloat16
-
-
-def _peer():
-    try:
-        from causal_conv1d import causal_conv1d_update as peer
-        return peer
-    except ImportError:
-        return None
 
 
 def make_sets(batch, layout, with_indices):
@@ -77,7 +70,7 @@ def main() -> None:
     ap.add_argument("--indices", action="store_true", help="also with conv_state_indices (a shuffled pool)")
     args = ap.parse_args()
     copy_gbps = copy_ceiling_gbps()
-    peer = _peer()
+    peer = causal_conv1d("causal_conv1d_update")
     rows = [bench(bt, layout, copy_gbps, peer, ind) for layout in ("cl", "cf") for ind in
             ((False, True) if args.indices else (False,)) for bt in BATCHES]
     dev = torch.cuda.get_device_name()

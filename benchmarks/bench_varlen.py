@@ -18,20 +18,13 @@ import torch
 
 import cc1d
 from cc1d.tuner.problems import varlen_lengths
+from peers import causal_conv1d
 from timing import copy_ceiling_gbps, graph_time_us, n_buffers
 
 # (layout, num_seqs, total_tokens); dim 5120, bf16 x and weight, width 4, SiLU, bias
 CASES = [("cf", 8, 16384), ("cf", 64, 16384), ("cf", 8, 65536), ("cf", 64, 65536),
          ("cl", 8, 16384), ("cl", 64, 16384), ("cl", 8, 65536), ("cl", 64, 65536)]
 DIM, WIDTH, STATE_LEN = 5120, 4, 3
-
-
-def _peer():
-    try:
-        from causal_conv1d import causal_conv1d_fn as peer
-        return peer
-    except ImportError:
-        return None
 
 
 def make_set(layout, num, total, gen):
@@ -85,7 +78,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     copy_gbps = copy_ceiling_gbps()
-    peer = _peer()
+    peer = causal_conv1d("causal_conv1d_fn")
     rows = []
     for c in CASES:
         rows.append(bench_case(c, copy_gbps, peer))

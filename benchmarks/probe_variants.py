@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from peers import causal_conv1d
 from timing import copy_ceiling_gbps, graph_time_us, n_buffers
 
 from cc1d import _cc1d
@@ -83,9 +84,8 @@ def print_peer_row(shape: Shape, sets: list, nbytes: int, ceiling: float) -> Non
     """causal-conv1d's forward on the same input sets, as a table row."""
     if shape.op != "fwd":
         raise SystemExit(f"--peer: only forward shapes have a peer here, got op {shape.op!r}")
-    try:
-        from causal_conv1d import causal_conv1d_fn as peer
-    except ImportError:
+    peer = causal_conv1d("causal_conv1d_fn")
+    if peer is None:
         print("| causal-conv1d (not installed) | — | — | — | — |")
         return
     act = None if shape.activation == "none" else "silu"
