@@ -2,11 +2,14 @@
 256, dim 5120, width 4, bf16, bias, SiLU (ANCHORS.md's update rows): inside a CUDA
 graph (device time; inputs and state pools rotated past L2), eagerly (wall time
 per call from Python), its fraction of the copy ceiling (minimal bytes: read x
-and the state window, write out and the new state), and the peer's update when
-``causal_conv1d`` is importable. Both conv_state layouts: "cl" (dim contiguous,
-vLLM's pools) and "cf" (state_len contiguous, the peer's).
+and the state window, write out and the new state), the peer's update when
+``causal_conv1d`` is importable, and vLLM's Triton update when ``--vllm`` names its
+source file (vLLM is not installed on the device: the file comes from its sdist).
+Both conv_state layouts: "cl" (dim contiguous, vLLM's pools) and "cf" (state_len
+contiguous, the peer's). vLLM always takes pool indices: where cc1d runs without,
+vLLM gets the identity (arange), so both touch the same state rows.
 
-    python benchmarks/bench_update.py [--out results.json] [--indices]
+    python benchmarks/bench_update.py [--out results.json] [--indices] [--vllm causal_conv1d.py]
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import platform
 import torch
 
 import cc1d
-from peers import causal_conv1d
+from peers import causal_conv1d, vllm_update
 from timing import copy_ceiling_gbps, graph_time_us, host_time_us, n_buffers
 
 BATCHES = (1, 16, 64, 256)
@@ -41,7 +44,20 @@ def make_sets(batch, layout, with_indices):
     return sets, w, b, bytes_per_set
 
 
-def bench(batch, layout, copy_gbps, peer, with_indices):
+def _vllm_caller(vllm, sets, w, b):
+    """vLLM's update over `sets`, writing a separate out (by default it overwrites x),
+    with no null block (cc1d pads nothing here either)."""
+    outs = [torch.empty_like(x) for x, _, _ in sets]
+    arange = torch.arange(sets[0][0].shape[0], device="cuda", dtype=torch.int32)
+
+    def call(k):
+        x, s, i = sets[k]
+        return vllm(x, s, w, b, activation="silu", conv_state_indices=arange if i is None else i,
+                    null_block_id=None, out=outs[k])
+    return call
+
+
+def bench(batch, layout, copy_gbps, peer, with_indices, vllm=None):
     sets, w, b, nbytes = make_sets(batch, layout, with_indices)
     row = dict(batch=batch, dim=DIM, layout=layout, indices=with_indices)
 
@@ -61,6 +77,13 @@ def bench(batch, layout, copy_gbps, peer, with_indices):
                        peer_eager_us=host_time_us(lambda: theirs(*sets[0]), calls=2000))
         except Exception as exc:  # the peer refuses some layouts
             row.update(peer_error=str(exc)[:200])
+    if vllm is not None:
+        try:
+            call = _vllm_caller(vllm, sets, w, b)
+            us = graph_time_us([lambda k=k: call(k) for k in range(len(sets))])
+            row.update(vllm_us=us, vllm_frac=nbytes / (us * 1e-6) / 1e9 / copy_gbps)
+        except Exception as exc:
+            row.update(vllm_error=f"{type(exc).__name__}: {str(exc)[:300]}")
     return row
 
 
@@ -68,22 +91,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--indices", action="store_true", help="also with conv_state_indices (a shuffled pool)")
+    ap.add_argument("--vllm", default=None, metavar="causal_conv1d.py",
+                    help="vLLM's vllm/model_executor/layers/mamba/ops/causal_conv1d.py: time its update too")
     args = ap.parse_args()
     copy_gbps = copy_ceiling_gbps()
     peer = causal_conv1d("causal_conv1d_update")
-    rows = [bench(bt, layout, copy_gbps, peer, ind) for layout in ("cl", "cf") for ind in
+    vllm = vllm_update(args.vllm)
+    rows = [bench(bt, layout, copy_gbps, peer, ind, vllm) for layout in ("cl", "cf") for ind in
             ((False, True) if args.indices else (False,)) for bt in BATCHES]
     dev = torch.cuda.get_device_name()
     print(f"\n{dev}; copy ceiling {copy_gbps:.0f} GB/s; causal_conv1d "
           f"{'installed' if peer else 'not installed'}; dim {DIM}, width {WIDTH}, bf16, bias, SiLU\n")
     print("| state layout | indices | batch | cc1d graph µs | cc1d % copy | cc1d eager µs/call | "
-          "peer graph µs | peer % copy | peer eager µs/call |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "peer graph µs | peer % copy | peer eager µs/call | vLLM graph µs |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         peer_cols = (f"{r['peer_us']:.2f} | {100 * r['peer_frac']:.0f} % | {r['peer_eager_us']:.1f}"
                      if "peer_us" in r else "— | — | —")
+        vllm_col = f"{r['vllm_us']:.2f}" if "vllm_us" in r else r.get("vllm_error", "—")
         print(f"| {r['layout']} | {'yes' if r['indices'] else 'no'} | {r['batch']} | {r['cc1d_us']:.2f} | "
-              f"{100 * r['cc1d_frac']:.0f} % | {r['cc1d_eager_us']:.1f} | {peer_cols} |")
+              f"{100 * r['cc1d_frac']:.0f} % | {r['cc1d_eager_us']:.1f} | {peer_cols} | {vllm_col} |")
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(dict(device=dev, copy_gbps=copy_gbps, host=platform.node(), rows=rows), fh, indent=1)

@@ -12,3 +12,49 @@ def causal_conv1d(name: str) -> Callable | None:
         return getattr(importlib.import_module("causal_conv1d"), name)
     except (ImportError, AttributeError):
         return None
+
+
+def vllm_update(path: str | None) -> Callable | None:
+    """vLLM's Triton decode update (``causal_conv1d_update`` of the file
+    vllm/model_executor/layers/mamba/ops/causal_conv1d.py, from a vLLM source tree
+    or sdist, at `path`), loaded without the rest of vLLM: the few names the file
+    imports from it are given here as vLLM defines them (PAD_SLOT_ID -1, NULL_BLOCK_ID
+    0; programmatic dependent launch on compute capability 9 and above, as vLLM's
+    CUDA platform decides). None when `path` is None."""
+    if path is None:
+        return None
+    import importlib.util
+    import sys
+    import types
+
+    import torch
+    import triton
+    import triton.language as tl
+
+    class _Platform:
+        @staticmethod
+        def is_arch_support_pdl() -> bool:
+            return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+        @staticmethod
+        def is_cpu() -> bool:
+            return False
+
+    stubs = {
+        "vllm": {},
+        "vllm.platforms": {"current_platform": _Platform()},
+        "vllm.triton_utils": {"tl": tl, "triton": triton},
+        "vllm.v1": {},
+        "vllm.v1.attention": {},
+        "vllm.v1.attention.backends": {},
+        "vllm.v1.attention.backends.utils": {"PAD_SLOT_ID": -1, "NULL_BLOCK_ID": 0},
+    }
+    for name, attrs in stubs.items():
+        if name not in sys.modules:
+            module = types.ModuleType(name)
+            module.__dict__.update(attrs)
+            sys.modules[name] = module
+    spec = importlib.util.spec_from_file_location("vllm_causal_conv1d_peer", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.causal_conv1d_update

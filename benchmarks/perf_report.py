@@ -35,8 +35,8 @@ def _pct(frac: float | None) -> str:
     return "—" if frac is None else f"{100 * frac:.0f} %"
 
 
-def _us(v: float | None) -> str:
-    return "—" if v is None else f"{v:.1f}"
+def _us(v: float | None, digits: int = 1) -> str:
+    return "—" if v is None else f"{v:.{digits}f}"
 
 
 def _case_label(op: str, r: dict) -> str:
@@ -101,16 +101,20 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def update_table(res: dict) -> list[str]:
-    """bench_update.py's rows: graph-timed device µs, eager µs per call, % of copy; vLLM's
-    numbers (ANCHORS.md, H100) beside them for scale."""
-    vllm = {1: 2.3, 16: 2.8, 64: 4.2, 256: 10.9}
+    """bench_update.py's rows: graph-timed device µs, eager µs per call, % of copy; the
+    peers of the same run (vLLM where bench_update had --vllm) and vLLM's ANCHORS.md
+    numbers (another H100) for scale."""
+    anchors = {1: 2.3, 16: 2.8, 64: 4.2, 256: 10.9}
     lines = ["| batch | state layout | pool indices | cc1d µs (graph) | cc1d % of copy | cc1d eager µs | "
-             "peer µs (same run) | vLLM µs (ANCHORS) |", "|---|---|---|---|---|---|---|---|"]
+             "peer µs (same run) | vLLM µs (same run) | speed vs vLLM | vLLM µs (ANCHORS) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         lay = {"cl": "dim-contiguous (vLLM)", "cf": "state-contiguous (peer)"}.get(r.get("layout"), "?")
-        lines.append(f"| {r['batch']} | {lay} | {'yes' if r.get('indices') else 'no'} | {_us(r.get('cc1d_us'))} | "
-                     f"{_pct(r.get('cc1d_frac'))} | {_us(r.get('cc1d_eager_us'))} | {_us(r.get('peer_us'))} | "
-                     f"{vllm.get(r['batch'], '—')} |")
+        ours, vllm = r.get("cc1d_us"), r.get("vllm_us")
+        ratio = f"{vllm / ours:.2f}x" if ours and vllm else "—"
+        lines.append(f"| {r['batch']} | {lay} | {'yes' if r.get('indices') else 'no'} | {_us(ours, 2)} | "
+                     f"{_pct(r.get('cc1d_frac'))} | {_us(r.get('cc1d_eager_us'))} | {_us(r.get('peer_us'), 2)} | "
+                     f"{_us(vllm, 2)} | {ratio} | {anchors.get(r['batch'], '—')} |")
     return lines
 
 
@@ -181,7 +185,8 @@ def main(argv: list[str] | None = None) -> None:
     text += ["", "## Commands", "", "```",
              "python benchmarks/bench_fwd.py --out bench_fwd.json",
              "python benchmarks/bench_bwd.py --out bench_bwd.json",
-             "python benchmarks/bench_update.py --indices --out bench_update.json",
+             "python benchmarks/bench_update.py --indices [--vllm PATH/vllm/model_executor/layers/mamba/ops/causal_conv1d.py] "
+             "--out bench_update.json",
              "python benchmarks/bench_varlen.py --out bench_varlen.json",
              "python benchmarks/bench_overhead.py --out bench_overhead.json",
              "python benchmarks/perf_report.py --fwd bench_fwd.json --bwd bench_bwd.json "

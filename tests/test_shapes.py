@@ -38,6 +38,8 @@ def test_duplicates_are_dropped_and_features_in_key():
                            {"batch": 1, "dim": 64, "seqlen": 8, "seq_idx": True, "final_states": True,
                             "initial_states": True, "bias": False}])
     assert [s.key() for s in shapes] == ["b1.d64.l8.bias.silu", "b1.d64.l8.silu.seqidx.init.final"]
+    pooled = parse_shapes([{"op": "upd", "batch": 16, "dim": 64, "seqlen": 1, "state_indices": [False, True]}])
+    assert [s.key() for s in pooled] == ["b16.d64.l1.bias.silu", "b16.d64.l1.bias.silu.pool"]
 
 
 def test_example_file_parses():
@@ -60,6 +62,8 @@ def test_example_file_parses():
     ({"batch": 1, "dim": 64, "seqlen": 8, "activation": "gelu"}, "shapes[0].activation: expected 'silu' or 'none', got 'gelu'"),
     ({"batch": 1, "dim": 64, "seqlen": 8, "name": 3}, "shapes[0].name: expected a string, got 3"),
     ({"batch": 1, "dim": [], "seqlen": 8}, "shapes[0].dim: empty list"),
+    ({"batch": 1, "dim": 64, "seqlen": 8, "state_indices": True},
+     "shapes[0]: op fwd: state_indices is a feature of the decode update (op upd) only"),
     ("b1", "shapes[0]: expected a mapping of fields, got 'b1'"),
 ])
 def test_entry_errors_name_file_entry_and_field(entry, message):

@@ -107,14 +107,16 @@ def call_for(family_key: str, batch: int, dim: int, seqlen: int, features: str) 
 
 
 def upd_call_for(fam, b: int, d: int, n: int, feats: set) -> list:
-    """explain_upd's arguments for the tuner's update problem: contiguous x and out, a pool of `b`
-    width-1 states laid out as the family says ("cl" dim-contiguous), no index arrays."""
+    """explain_upd's arguments for the tuner's update problem: contiguous x and out, width-1
+    states laid out as the family says ("cl" dim-contiguous): a pool of `b`, or with "pool"
+    one of 2b+1 read through conv_state_indices; no other index arrays."""
     w, sl = fam.width, fam.width - 1
+    pool = 2 * b + 1 if "pool" in feats else b
     x = (d * n, n, 1)
     state = (d * sl, sl, 1) if fam.layout == "cf" else (d * sl, 1, d)
-    ptrs = [1 << 32, 2 << 32, (3 << 32) * ("bias" in feats), 4 << 32, 0, 0, 0, 5 << 32]
+    ptrs = [1 << 32, 2 << 32, (3 << 32) * ("bias" in feats), 4 << 32, 0, (6 << 32) * ("pool" in feats), 0, 5 << 32]
     strides = [*x, w, 1, int("bias" in feats), *state, *x, 1, 1, 1]
-    return [ptrs, [b, d, n, sl, b, w], strides, -1, DTYPE_CODES[fam.x_dtype], DTYPE_CODES[fam.w_dtype],
+    return [ptrs, [b, d, n, sl, pool, w], strides, -1, DTYPE_CODES[fam.x_dtype], DTYPE_CODES[fam.w_dtype],
             "silu" in feats]
 
 

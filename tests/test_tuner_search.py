@@ -100,6 +100,23 @@ def test_near_ties_within_the_spread_go_to_the_default(db, gain, expect_default)
     assert res.spread == pytest.approx(0.01)
 
 
+def test_one_disturbed_retime_round_of_the_fastest_does_not_make_everything_a_tie(db):
+    default = default_variant(CF.family())
+    rival = default_variant(CF.family(), threads=256)
+    calls = {"rival": 0}
+
+    def times(v):
+        if v != rival:
+            return 10.0 if v == default else 20.0
+        calls["rival"] += 1
+        return 30.0 if calls["rival"] == 2 else 5.0  # its first re-time round is disturbed
+
+    res = tune_shape(CF, ARCH, FakeEvaluator(times=times, spread=0.01), db, SearchConfig(trials=10_000))
+    assert calls["rival"] == 4  # the trial and three re-time rounds
+    assert res.winner == rival and res.time_us == pytest.approx(5.0)
+    assert res.speedup == pytest.approx(2.0)
+
+
 def test_ties_among_non_defaults_go_to_the_fewest_changes(db):
     default = default_variant(CF.family())
     near = default_variant(CF.family(), threads=256)

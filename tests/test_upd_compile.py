@@ -38,6 +38,19 @@ def test_untuned_upd_kernels_compile_for_sm90_without_spills(nvrtc):
     _check(nvrtc, chains, may_spill=lambda v: False)
 
 
+def test_sm90_update_kernels_say_they_wait_for_the_previous_grid(nvrtc):
+    """The runtime launches a kernel early (programmatic dependent launch) only where its
+    module exports cc1d_waits_for_previous_grid: sm_90 update kernels do (they start with
+    griddepcontrol.wait); sm_80 ones cannot, and the forward's do not wait."""
+    from cc1d.generator.render import render
+    upd = default_variant(UPD[0], "sm_90")
+    fwd = default_variant(families("fwd")[0], "sm_90")
+    marker = b"cc1d_waits_for_previous_grid"
+    assert marker in bytes(nvrtc.compile(render(upd), "sm_90", [])[0])
+    assert marker not in bytes(nvrtc.compile(render(upd), "sm_80", [])[0])
+    assert marker not in bytes(nvrtc.compile(render(fwd), "sm_90", [])[0])
+
+
 @pytest.mark.amd
 @pytest.mark.parametrize("target", AMD_TARGETS)
 def test_upd_covering_set_and_defaults_compile_for_amd(trixie, target):  # noqa: F811

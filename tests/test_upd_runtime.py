@@ -101,6 +101,39 @@ def test_indices_allow_a_pool_of_any_size(rt):
     assert rt.explain_upd(*a, arch=ARCH)["key"].startswith("upd.cl.bf16wf32.w4.")
 
 
+def test_indices_are_a_tuned_feature_with_fallback_to_the_shape_without(rt, tmp_path):
+    """conv_state_indices makes the call's shape key "...pool": a winner tuned with it serves
+    such calls, one tuned without serves the others, and either serves both when alone."""
+    from cc1d.generator import Variant
+    from cc1d.tuner.db import TuningDB
+    fam = Family("upd", "cl", "bf16", "f32", 4)
+    plain, pooled = [Variant.of(fam, **dict(c)) for c in (
+        dict(threads=64, vec_bytes=8, rows=1, weights="first", max_regs=96),
+        dict(threads=128, vec_bytes=8, rows=2, weights="first", max_regs=255))]
+    arch = "sm_998"
+
+    def make(path, entries):
+        with TuningDB(path) as db:
+            for v, feats in entries:
+                db.put_winner(v.source, arch=arch, family_key=fam.key(), shape_key=".".join(["b4.d64.l1", *feats]),
+                              op="upd", batch=4, dim=64, seqlen=1, features=",".join(feats), variant_key=v.key(),
+                              config=v.params, source_hash=v.hash(), **v.geometry(), time_us=3.0,
+                              environment={"device": "test"})
+        return str(path)
+
+    with_idx = args(sizes=(4, 64, 1, 3, 9, 4), ptrs=with_ptr(5, IDX))
+    rt.set_tuning_dbs([make(tmp_path / "both.db", [(plain, ("bias", "silu")), (pooled, ("bias", "silu", "pool"))])])
+    e = rt.explain_upd(*with_idx, arch=arch)
+    assert (e["shape"], e["reason"], e["key"]) == ("b4.d64.l1.bias.silu.pool", "exact", pooled.key())
+    e = rt.explain_upd(*args(), arch=arch)
+    assert (e["shape"], e["reason"], e["key"]) == ("b4.d64.l1.bias.silu", "exact", plain.key())
+    for alone, feats, call in ((plain, ("bias", "silu"), with_idx), (pooled, ("bias", "silu", "pool"), args())):
+        rt.set_tuning_dbs([make(tmp_path / f"{alone.key()}.db", [(alone, feats)])])
+        rt.clear_dispatch_cache()
+        e = rt.explain_upd(*call, arch=arch)
+        assert (e["reason"], e["key"]) == ("nearest", alone.key())
+
+
 def test_the_launch_without_a_device_says_so(rt):
     with pytest.raises(RuntimeError, match="no GPU backend owns pointer"):
         rt.upd(*args(), 0)

@@ -217,6 +217,24 @@ def test_pool_with_repeated_and_out_of_order_indices(layout, seqlen, state_len):
     assert torch.equal(_bits(state[1]), _bits(s0[1]))  # never named
 
 
+@pytest.mark.parametrize("layout", ["cf", "cl"])
+@pytest.mark.parametrize("batch", [1, 16, 64, 256])
+def test_tuned_decode_shapes_with_a_pool(layout, batch):
+    """The shipped DB's update shapes, where calls with conv_state_indices have winners of
+    their own ("pool"); batch 1 skips the duplicate-slot scan. A padded row past batch 1."""
+    pool = 2 * batch + 1
+    x, state, w, b = make(batch, 5120, 1, 3, 4, "bf16", "bf16", layout=layout, pool=pool, seed=batch)
+    idx = torch.randperm(pool, device=DEV)[:batch].to(torch.int32)
+    if batch > 1:
+        idx[batch // 2] = -1
+    e = cc1d.explain_update(x, state, w, b, activation="silu", conv_state_indices=idx)
+    assert e["shape"] == f"b{batch}.d5120.l1.bias.silu.pool" and e["reason"] == "exact", e
+    assert e["key"].startswith(f"upd.{layout}.bf16wbf16.w4."), e
+    out = check(x, state, w, b, activation="silu", conv_state_indices=idx)
+    if batch > 1:
+        assert torch.equal(out[batch // 2], torch.zeros_like(out[batch // 2]))
+
+
 # ---- speculative decoding (vLLM's num_accepted_tokens) ------------------------------
 
 @pytest.mark.parametrize("layout", ["cf", "cl"])
@@ -315,6 +333,38 @@ def test_cuda_graph_of_100_updates_replays_like_eager_calls(layout):
         if i % 25 == 0:
             assert rel_l2(outs[i], want64) < TOL[torch.bfloat16], i
     assert torch.equal(state, ref_state)
+
+
+@pytest.mark.parametrize("layout", ["cl", "cf"])
+def test_back_to_back_updates_wait_for_the_kernel_before(layout):
+    """On sm_90 the update is launched before the kernel ahead of it ends
+    (programmatic dependent launch) and waits for it on the device. A chain where
+    every step reads what the kernel just before wrote (its state from the previous
+    update, its x from a torch kernel on the previous output), queued without a
+    synchronization, must equal the same steps run one at a time."""
+    steps, batch, dim, pool = 40, 256, 5120, 300
+    x, state, w, b = make(batch, dim, 1, 3, 4, "bf16", "bf16", layout=layout, pool=pool, seed=7)
+    idx = torch.randperm(pool, device=DEV)[:batch].to(torch.int32)
+    noise = torch.randn(steps, batch, dim, device=DEV).to(torch.bfloat16)
+    kw = dict(activation="silu", conv_state_indices=idx)
+
+    def run(sync):
+        s, xi, outs = state.clone(), x.clone(), []
+        torch.cuda.synchronize()
+        for i in range(steps):
+            out = cc1d.causal_conv1d_update(xi, s, w, b, **kw)
+            if sync:
+                torch.cuda.synchronize()
+            xi = out * 0.5 + noise[i]  # a torch kernel between two updates
+            outs.append(out)
+        torch.cuda.synchronize()
+        return outs, s
+
+    queued, queued_state = run(sync=False)
+    stepped, stepped_state = run(sync=True)
+    for i, (a, e) in enumerate(zip(queued, stepped)):
+        assert torch.equal(a, e), i
+    assert torch.equal(queued_state, stepped_state)
 
 
 def test_warmup_update_loads_the_kernel_calls_use():

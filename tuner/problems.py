@@ -281,14 +281,17 @@ class UpdProblem:
     """The decode update: x (batch, dim) (or (batch, dim, seqlen)) against a state of
     state_len = width-1 laid out as the shape's layout says ("cl": dim contiguous,
     vLLM's pools; "cf": state_len contiguous, the peer's). The state is an output:
-    make_outputs hands the kernel a copy of the input state to update."""
+    make_outputs hands the kernel a copy of the input state to update. With the
+    shape's state_indices ("pool"), the states are rows of a pool of 2 * batch + 1
+    picked by shuffled, distinct conv_state_indices (as a serving engine's are)."""
     op = "upd"
 
     def bytes_moved(self, shape: Shape) -> int:
         xb, wb = DTYPES[shape.x_dtype][1], DTYPES[shape.w_dtype][1]
         tokens = shape.batch * shape.dim * shape.seqlen
         state = shape.batch * shape.dim * (shape.width - 1)
-        return 2 * tokens * xb + 2 * state * xb + shape.dim * (shape.width + shape.bias) * wb
+        return 2 * tokens * xb + 2 * state * xb + shape.dim * (shape.width + shape.bias) * wb \
+            + 4 * shape.batch * shape.state_indices
 
     def make_inputs(self, shape: Shape, seed: int, device: str = "cuda") -> dict[str, Any]:
         import torch
@@ -298,16 +301,18 @@ class UpdProblem:
         x = torch.randn(b, d, l, generator=gen).to(xd).to(device)
         if l == 1:
             x = x[:, :, 0].contiguous()
+        pool = 2 * b + 1 if shape.state_indices else b
         if shape.layout == "cf":
             # state_len contiguous. At width 2 a dense (b, d, 1) state is also dim-contiguous,
             # which the runtime serves as "cl": give each channel a 2-slot row instead.
-            rows = torch.randn(b, d, max(w - 1, 2), generator=gen).to(xd).to(device)
+            rows = torch.randn(pool, d, max(w - 1, 2), generator=gen).to(xd).to(device)
             state = rows[:, :, :w - 1]
         else:
-            state = torch.randn(b, w - 1, d, generator=gen).to(xd).to(device).transpose(1, 2)
+            state = torch.randn(pool, w - 1, d, generator=gen).to(xd).to(device).transpose(1, 2)
         bias = torch.randn(d, generator=gen).to(wd).to(device) if shape.bias else None
+        indices = torch.randperm(pool, generator=gen)[:b].to(torch.int32).to(device) if shape.state_indices else None
         return dict(x=x, conv_state=state, weight=(torch.randn(d, w, generator=gen) / w ** 0.5).to(wd).to(device),
-                    bias=bias)
+                    bias=bias, conv_state_indices=indices)
 
     def make_outputs(self, shape: Shape, inputs: dict[str, Any]) -> dict[str, Any]:
         import torch
@@ -323,14 +328,16 @@ class UpdProblem:
         out = causal_conv1d_update_ref(inputs["x"], state, inputs["weight"].double(),
                                        None if b is None else b.double(),
                                        activation="silu" if shape.activation == "silu" else None,
+                                       conv_state_indices=inputs.get("conv_state_indices"),
                                        out_dtype=torch.float64)
         return dict(out=out, conv_state=state.double())
 
     def launch(self, rt: Any, kernel: dict, shape: Shape, inputs: dict[str, Any],
                outputs: dict[str, Any], stream: int) -> None:
         from ..update import _upd_call_args
-        args = _upd_call_args(inputs["x"], outputs["conv_state"], inputs["weight"], inputs["bias"], None, None,
-                              None, outputs["out"], -1, shape.activation == "silu")
+        args = _upd_call_args(inputs["x"], outputs["conv_state"], inputs["weight"], inputs["bias"], None,
+                              inputs.get("conv_state_indices"), None, outputs["out"], -1,
+                              shape.activation == "silu")
         rt.launch_upd(kernel, *args, stream)
 
 

@@ -11,6 +11,8 @@ Format (see examples/shapes.yaml)::
 Every field takes one value or a list; an entry expands to the product of its
 lists. ``dtypes`` is ``x/weight`` or ``x`` (weight in x's dtype). ``batch``,
 ``dim`` and ``seqlen`` are required; the other fields default to BUILTIN_DEFAULTS.
+``state_indices: true`` (op upd only) tunes the decode update as vLLM calls it:
+its states read through conv_state_indices from a larger pool.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from ..generator.space import DTYPE_PAIRS
 
 BUILTIN_DEFAULTS: dict[str, Any] = dict(op="fwd", layout="cf", dtypes="bf16/f32", width=4, bias=True,
                                         activation="silu", seq_idx=False, initial_states=False,
-                                        final_states=False, name="")
+                                        final_states=False, state_indices=False, name="")
 REQUIRED = ("batch", "dim", "seqlen")
 
 
@@ -49,6 +51,7 @@ class Shape:
     seq_idx: bool = False
     initial_states: bool = False
     final_states: bool = False
+    state_indices: bool = False  # upd: states read through conv_state_indices (a pool)
     name: str = ""             # a label for reports; not part of the key
 
     def family(self) -> Family:
@@ -56,7 +59,7 @@ class Shape:
 
     def features(self) -> tuple[str, ...]:
         on = (("bias", self.bias), ("silu", self.activation == "silu"), ("seqidx", self.seq_idx),
-              ("init", self.initial_states), ("final", self.final_states))
+              ("init", self.initial_states), ("final", self.final_states), ("pool", self.state_indices))
         return tuple(n for n, flag in on if flag)
 
     def key(self) -> str:
@@ -122,7 +125,7 @@ def _name(v: Any) -> str:
 FIELDS: dict[str, Callable[[Any], Any]] = dict(
     op=_choice(OPS), layout=_choice(LAYOUTS), dtypes=_dtypes, width=_width, batch=_positive_int,
     dim=_positive_int, seqlen=_positive_int, bias=_bool, activation=_activation, seq_idx=_bool,
-    initial_states=_bool, final_states=_bool, name=_name)
+    initial_states=_bool, final_states=_bool, state_indices=_bool, name=_name)
 
 
 def _check_fields(where: str, entry: Any) -> dict:
@@ -183,6 +186,9 @@ def parse_shapes(data: Any, source: str = "<shapes>") -> list[Shape]:
             if shape.op == "vfwd" and shape.initial_states and not shape.final_states:
                 raise ShapesError(f"{where}: op vfwd: initial_states needs final_states (the state pool is "
                                   "read and written back)")
+            if shape.state_indices and shape.op != "upd":
+                raise ShapesError(f"{where}: op {shape.op}: state_indices is a feature of the decode update "
+                                  "(op upd) only")
             shapes.setdefault((shape.family().key(), shape.key()), shape)
     return list(shapes.values())
 

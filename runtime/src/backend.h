@@ -18,6 +18,10 @@ struct Functions {
   // cc1d_reduce, a variant's second kernel: backward variants sum the dweight/dbias
   // partials; varlen variants mend each sequence's start and states.
   void* reduce = nullptr;
+  // cc1d_kernel waits for the previous kernel in the stream itself (CUDA
+  // griddepcontrol.wait; the module exports cc1d_waits_for_previous_grid), so it
+  // may be launched before that kernel ends.
+  bool waits_for_previous = false;
 };
 
 class Backend {
@@ -56,8 +60,11 @@ class Backend {
   // a failed lookup would leave HIP's last-error set for the caller's next check.
   virtual Functions load_functions(int device, const std::string& hash, const std::vector<uint8_t>& binary,
                                    int smem_bytes, bool with_reduce) = 0;
+  // early: the kernel waits for the previous one itself (Functions::waits_for_previous),
+  // so the launch may overlap that kernel's tail (CUDA programmatic dependent launch,
+  // unless CC1D_DISABLE_PDL=1 or the driver lacks it; HIP ignores it).
   virtual void launch(void* function, Dim3 grid, Dim3 block, unsigned smem_bytes,
-                      void* stream, void* params, std::size_t params_size) = 0;
+                      void* stream, void* params, std::size_t params_size, bool early) = 0;
 };
 
 // Process-wide backends; constructing one loads nothing.

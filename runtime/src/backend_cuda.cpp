@@ -30,6 +30,27 @@ constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 constexpr int CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9;
 constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 constexpr int kDefaultSmemLimit = 48 * 1024;
+constexpr int CUDA_ERROR_NOT_FOUND = 500;
+
+// cuLaunchKernelEx's configuration (cuda.h, CUDA 12.0+), only what cc1d sets.
+using CUdeviceptr = unsigned long long;
+constexpr int CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
+struct CUlaunchAttribute {
+  int id;
+  char pad[4];
+  union {
+    char bytes[64];
+    int programmatic_stream_serialization_allowed;
+    void* align;
+  } value;
+};
+struct CUlaunchConfig {
+  unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, smem_bytes;
+  CUstream stream;
+  CUlaunchAttribute* attrs;
+  unsigned num_attrs;
+};
+static_assert(sizeof(CUlaunchAttribute) == 72, "cuda.h's CUlaunchAttribute is 72 bytes");
 
 struct Driver {
   DynLib lib;
@@ -49,6 +70,9 @@ struct Driver {
   CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, unsigned, CUstream, void**, void**);
+  CUresult (*cuModuleGetGlobal)(CUdeviceptr*, size_t*, CUmodule, const char*);
+  // CUDA 12.0+ drivers; nullptr before, and kernels are then launched plainly.
+  CUresult (*cuLaunchKernelEx)(const CUlaunchConfig*, CUfunction, void**, void**) = nullptr;
 };
 
 struct Nvrtc {
@@ -111,6 +135,17 @@ struct Module {
   Module& operator=(const Module&) = delete;
   ~Module() { if (m && g_driver) g_driver->cuModuleUnload(m); }
 };
+
+// Whether the module's cc1d_kernel waits for the previous grid itself (it exports
+// cc1d_waits_for_previous_grid): only such kernels may be launched early.
+bool waits_for_previous(const Driver& d, CUmodule mod) {
+  CUdeviceptr address = 0;
+  size_t bytes = 0;
+  const CUresult r = d.cuModuleGetGlobal(&address, &bytes, mod, "cc1d_waits_for_previous_grid");
+  if (r == CUDA_ERROR_NOT_FOUND) return false;
+  CC1D_CUDA_CHECK(r, "looking up cc1d_waits_for_previous_grid");
+  return true;
+}
 
 struct Loaded {
   std::unique_ptr<Module> module;
@@ -243,17 +278,28 @@ class CudaBackend final : public Backend {
       CC1D_CUDA_CHECK(d.cuFuncSetAttribute(kernel, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes),
                       "kernel " + hash + " asks for " + std::to_string(smem_bytes) + " bytes of shared memory");
     if (with_reduce) CC1D_CUDA_CHECK(d.cuModuleGetFunction(&reduce, mod, "cc1d_reduce"), "kernel " + hash);
-    l.functions = {kernel, reduce};
+    l.functions = {kernel, reduce, waits_for_previous(d, mod)};
     const Functions f = l.functions;
     per_ctx.emplace(hash, std::move(l));
     return f;
   }
 
   void launch(void* function, Dim3 g, Dim3 b, unsigned smem, void* stream, void* params,
-              std::size_t params_size) override {
+              std::size_t params_size, bool early) override {
     void* args[] = {params};
-    CC1D_CUDA_CHECK(driver().cuLaunchKernel(static_cast<CUfunction>(function), g.x, g.y, g.z, b.x, b.y, b.z,
-                                            smem, static_cast<CUstream>(stream), args, nullptr),
+    const Driver& d = driver();
+    CUresult r;
+    if (early && d.cuLaunchKernelEx) {
+      CUlaunchAttribute overlap{};
+      overlap.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      overlap.value.programmatic_stream_serialization_allowed = 1;
+      const CUlaunchConfig config{g.x, g.y, g.z, b.x, b.y, b.z, smem, static_cast<CUstream>(stream), &overlap, 1};
+      r = d.cuLaunchKernelEx(&config, static_cast<CUfunction>(function), args, nullptr);
+    } else {
+      r = d.cuLaunchKernel(static_cast<CUfunction>(function), g.x, g.y, g.z, b.x, b.y, b.z, smem,
+                           static_cast<CUstream>(stream), args, nullptr);
+    }
+    CC1D_CUDA_CHECK(r,
                     "grid (" + std::to_string(g.x) + "," + std::to_string(g.y) + "," + std::to_string(g.z) +
                         ") block (" + std::to_string(b.x) + "," + std::to_string(b.y) + "," +
                         std::to_string(b.z) + ") smem " + std::to_string(smem) + " params " +
@@ -315,6 +361,8 @@ class CudaBackend final : public Backend {
         d.lib.get(d.cuModuleGetFunction, "cuModuleGetFunction");
         d.lib.get(d.cuFuncSetAttribute, "cuFuncSetAttribute");
         d.lib.get(d.cuLaunchKernel, "cuLaunchKernel");
+        d.lib.get(d.cuModuleGetGlobal, "cuModuleGetGlobal_v2");
+        if (env().pdl) d.lib.try_get(d.cuLaunchKernelEx, "cuLaunchKernelEx");
         g_driver = &driver_;  // error names available from here on
         CC1D_CUDA_CHECK(d.cuInit(0), "");
         driver_ok_ = true;

@@ -280,7 +280,7 @@ class HipBackend final : public Backend {
   }
 
   void launch(void* function, Dim3 g, Dim3 b, unsigned smem, void* stream, void* params,
-              std::size_t params_size) override {
+              std::size_t params_size, bool /*early: no HIP kernel waits for the previous one*/) override {
     void* args[] = {params};
     CC1D_HIP_CHECK(hip().hipModuleLaunchKernel(static_cast<hipFunction_t>(function), g.x, g.y, g.z, b.x, b.y,
                                                b.z, smem, static_cast<hipStream_t>(stream), args, nullptr),

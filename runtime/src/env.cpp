@@ -29,6 +29,8 @@ Env read_env() {
   else if (auto h = getenv_str("HOME"); !h.empty()) e.cache_dir = h + "/.cache/cc1d";
   auto dis = getenv_str("CC1D_DISABLE_DISK_CACHE");
   e.disk_cache = !e.cache_dir.empty() && !(dis == "1" || dis == "true" || dis == "yes");
+  auto no_pdl = getenv_str("CC1D_DISABLE_PDL");
+  e.pdl = !(no_pdl == "1" || no_pdl == "true" || no_pdl == "yes");
   e.nvrtc_path = getenv_str("CC1D_NVRTC");
   e.hiprtc_path = getenv_str("CC1D_HIPRTC");
   e.tuning_dbs = split(getenv_str("CC1D_TUNING_DB"), ':');

@@ -20,7 +20,7 @@ namespace cc1d {
 namespace {
 
 constexpr int kBusyTimeoutMs = 5000;  // a tuner may be committing to the user's DB
-constexpr const char* kFeatureNames[] = {"bias", "silu", "seqidx", "init", "final"};
+constexpr const char* kFeatureNames[kFeatureCount] = {"bias", "silu", "seqidx", "init", "final", "pool"};
 
 // Column order of kWinnersSql.
 enum Col { kFamily, kShape, kBatch, kDim, kSeqlen, kFeatures, kVariantKey, kHash, kThreads, kTileL,
@@ -204,7 +204,7 @@ bool parse_features(const std::string& text, unsigned* mask) {
     name.erase(name.find_last_not_of(' ') + 1);
     if (!name.empty()) {
       unsigned bit = 0;
-      for (unsigned i = 0; i < 5; ++i)
+      for (unsigned i = 0; i < kFeatureCount; ++i)
         if (name == kFeatureNames[i]) bit = 1u << i;
       if (!bit) return false;
       m |= bit;
@@ -217,7 +217,7 @@ bool parse_features(const std::string& text, unsigned* mask) {
 
 std::string features_string(unsigned mask, char sep) {
   std::string s;
-  for (unsigned i = 0; i < 5; ++i)
+  for (unsigned i = 0; i < kFeatureCount; ++i)
     if (mask & (1u << i)) {
       if (!s.empty()) s += sep;
       s += kFeatureNames[i];

@@ -18,9 +18,12 @@ Call upd_call(const UpdArgs& a, Layout layout) {
   c.batch = p.batch;
   c.dim = p.dim;
   c.seqlen = p.seqlen;
-  // cache_seqlens, conv_state_indices and num_accepted_tokens are run-time
-  // branches of every kernel, not part of the tuned shape.
-  c.features = (p.bias ? kBias : 0u) | (p.silu ? kSilu : 0u);
+  // cache_seqlens and num_accepted_tokens are run-time branches of every kernel,
+  // not part of the tuned shape. conv_state_indices is one too, but a tuned
+  // feature ("pool"): the indices add a round trip and the duplicate-slot scan,
+  // which may favour another config. Without a "pool" winner the shape's other
+  // winners serve (the dispatcher ranks a feature mismatch below a shape match).
+  c.features = (p.bias ? kBias : 0u) | (p.silu ? kSilu : 0u) | (p.conv_state_indices ? kPool : 0u);
   c.align = upd_alignment(a);
   return c;
 }
@@ -37,7 +40,7 @@ void launch_on(const Location& l, const KernelVariant& v, const Functions& f, co
   const Dim3 grid{grid_dim(a.p.dim, v.tile_d, max.x), grid_dim(a.p.batch, v.tile_l, max.y), 1};
   UpdParams params = a.p;
   backend->launch(f.kernel, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), a.stream, &params,
-                  sizeof params);
+                  sizeof params, f.waits_for_previous);
 }
 
 }  // namespace

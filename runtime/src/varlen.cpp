@@ -73,10 +73,10 @@ void launch_on(const Location& l, const KernelVariant& v, const Functions& f, co
     const Dim3 block{unsigned(v.threads), 1, 1};
     if (layout == Layout::channel_last) {
       FwdParams params = stream_as_fwd(p);
-      backend->launch(f.kernel, grid, block, unsigned(v.smem_bytes), a.stream, &params, sizeof params);
+      backend->launch(f.kernel, grid, block, unsigned(v.smem_bytes), a.stream, &params, sizeof params, /*early=*/false);
     } else {
       VarlenParams params = p;
-      backend->launch(f.kernel, grid, block, unsigned(v.smem_bytes), a.stream, &params, sizeof params);
+      backend->launch(f.kernel, grid, block, unsigned(v.smem_bytes), a.stream, &params, sizeof params, /*early=*/false);
     }
   }
   if (p.num_seqs > 0) {
@@ -84,7 +84,7 @@ void launch_on(const Location& l, const KernelVariant& v, const Functions& f, co
     const Dim3 mend{grid_dim(p.dim, int(kMendThreads), max.x),
                     grid_dim(p.num_seqs, 1, unsigned(std::min<int64_t>(max.y, kMaxGridYZ))), 1};
     VarlenParams params = p;
-    backend->launch(f.reduce, mend, Dim3{kMendThreads, 1, 1}, 0, a.stream, &params, sizeof params);
+    backend->launch(f.reduce, mend, Dim3{kMendThreads, 1, 1}, 0, a.stream, &params, sizeof params, /*early=*/false);
   }
 }
 
