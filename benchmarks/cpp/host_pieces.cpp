@@ -133,7 +133,7 @@ void run_layout(bool channel_last, int calls, int rounds) {
       {"launch (cuLaunchKernel, all else precomputed)",
        [&] {
          l.backend->launch(f.kernel, grid, cc1d::Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), nullptr,
-                           &params, sizeof params, /*early=*/false);
+                           &params, sizeof params, f.waits_for_previous);
        }},
       {"cc1d::causal_conv1d_fwd (whole call)", [&] { cc1d::causal_conv1d_fwd(a); }},
       {"cc1d::FwdPlan (whole call, pointers per call)",

@@ -20,7 +20,8 @@ struct Functions {
   void* reduce = nullptr;
   // cc1d_kernel waits for the previous kernel in the stream itself (CUDA
   // griddepcontrol.wait; the module exports cc1d_waits_for_previous_grid), so it
-  // may be launched before that kernel ends.
+  // may be launched before that kernel ends. Every op passes it to its cc1d_kernel
+  // launch; cc1d_reduce is always launched plainly (the marker speaks for cc1d_kernel).
   bool waits_for_previous = false;
 };
 

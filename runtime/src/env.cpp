@@ -22,15 +22,19 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
+// A CC1D_DISABLE_* switch: set to 1, true or yes.
+bool switched_on(const char* name) {
+  const std::string v = getenv_str(name);
+  return v == "1" || v == "true" || v == "yes";
+}
+
 Env read_env() {
   Env e;
   if (auto d = getenv_str("CC1D_CACHE_DIR"); !d.empty()) e.cache_dir = d;
   else if (auto x = getenv_str("XDG_CACHE_HOME"); !x.empty()) e.cache_dir = x + "/cc1d";
   else if (auto h = getenv_str("HOME"); !h.empty()) e.cache_dir = h + "/.cache/cc1d";
-  auto dis = getenv_str("CC1D_DISABLE_DISK_CACHE");
-  e.disk_cache = !e.cache_dir.empty() && !(dis == "1" || dis == "true" || dis == "yes");
-  auto no_pdl = getenv_str("CC1D_DISABLE_PDL");
-  e.pdl = !(no_pdl == "1" || no_pdl == "true" || no_pdl == "yes");
+  e.disk_cache = !e.cache_dir.empty() && !switched_on("CC1D_DISABLE_DISK_CACHE");
+  e.pdl = !switched_on("CC1D_DISABLE_PDL");
   e.nvrtc_path = getenv_str("CC1D_NVRTC");
   e.hiprtc_path = getenv_str("CC1D_HIPRTC");
   e.tuning_dbs = split(getenv_str("CC1D_TUNING_DB"), ':');

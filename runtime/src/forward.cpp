@@ -39,7 +39,7 @@ void launch_on(const Location& l, const KernelVariant& v, const Functions& f, co
                   grid_dim(a.p.batch, 1, max.z)};
   FwdParams params = a.p;
   backend->launch(f.kernel, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), a.stream, &params,
-                  sizeof params, /*early=*/false);
+                  sizeof params, f.waits_for_previous);
 }
 
 }  // namespace

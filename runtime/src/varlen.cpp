@@ -73,10 +73,12 @@ void launch_on(const Location& l, const KernelVariant& v, const Functions& f, co
     const Dim3 block{unsigned(v.threads), 1, 1};
     if (layout == Layout::channel_last) {
       FwdParams params = stream_as_fwd(p);
-      backend->launch(f.kernel, grid, block, unsigned(v.smem_bytes), a.stream, &params, sizeof params, /*early=*/false);
+      backend->launch(f.kernel, grid, block, unsigned(v.smem_bytes), a.stream, &params, sizeof params,
+                      f.waits_for_previous);
     } else {
       VarlenParams params = p;
-      backend->launch(f.kernel, grid, block, unsigned(v.smem_bytes), a.stream, &params, sizeof params, /*early=*/false);
+      backend->launch(f.kernel, grid, block, unsigned(v.smem_bytes), a.stream, &params, sizeof params,
+                      f.waits_for_previous);
     }
   }
   if (p.num_seqs > 0) {
