@@ -5,11 +5,14 @@ built once), a cc1d._cc1d.FwdPlan (pointers and stream per call) and its
 launcher (what the API calls: the same without pybind11's dispatch), through
 Dao-AILab causal_conv1d_fn when installed, and a one-kernel torch op for scale; and of an eager training step (forward, then torch.autograd.grad)
 through cc1d and through a no-op autograd.Function (the floor torch's autograd
-sets). The graph-timed device time of the same cc1d call says whether a row is
+sets); and of a decode update (batch 16, dim 5120, vLLM's state layout) through
+cc1d.causal_conv1d_update, its plan's launcher and, with --vllm, vLLM's Triton
+update. The graph-timed device time of the same cc1d call says whether a row is
 bound by the host (wall time above it) or by the GPU. benchmarks/bench_python_path.py
 splits the Python side into its pieces.
 
     python benchmarks/bench_overhead.py [--out overhead.json] [--calls 20000] [--rounds 5]
+        [--vllm path/to/vllm/.../causal_conv1d.py]
 """
 from __future__ import annotations
 
@@ -20,10 +23,10 @@ import platform
 import torch
 
 import cc1d
-from cc1d import ops
+from cc1d import ops, update
 from cc1d._runtime import runtime
 from bench_python_path import DTYPE, SHAPE, WIDTH, _NoOpFn, _inputs  # one shape and floor for both
-from peers import causal_conv1d
+from peers import causal_conv1d, vllm_update
 from timing import graph_time_us, host_time_us
 
 
@@ -65,7 +68,33 @@ def _training_steps(layout: str):
             (lambda: torch.autograd.grad(_NoOpFn.apply(x, w, bias), inputs, dout))]
 
 
-def cases(peer):
+UPD_BATCH, UPD_DIM = 16, 5120  # a decode step of bench_update.py's
+
+
+def _update_cases(vllm):
+    """(name, layout, fn, graphable) of the decode update: the API, its plan's launcher
+    with the arguments built once, vLLM's (always given indices) when loaded."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(UPD_BATCH, UPD_DIM, generator=g, device="cuda").to(DTYPE)
+    state = torch.randn(UPD_BATCH, WIDTH - 1, UPD_DIM, generator=g, device="cuda").to(DTYPE).transpose(1, 2)
+    w = torch.randn(UPD_DIM, WIDTH, generator=g, device="cuda").to(DTYPE)
+    bias = torch.randn(UPD_DIM, generator=g, device="cuda").to(DTYPE)
+    out = torch.empty_like(x)
+    ptrs, *rest, silu = update._upd_call_args(x, state, w, bias, None, None, None, out, -1, True)
+    launch = runtime().UpdPlan(*rest, silu).launcher()
+    stream = torch.cuda.current_stream().cuda_stream
+    rows = [("cc1d.causal_conv1d_update (batch 16, dim 5120)", "cl",
+             lambda: cc1d.causal_conv1d_update(x, state, w, bias, activation="silu"), True),
+            ("cc1d._cc1d.UpdPlan launcher (bare runtime call)", "cl", lambda: launch(*ptrs, stream), False)]
+    if vllm is not None:
+        idx = torch.arange(UPD_BATCH, device="cuda", dtype=torch.int32)
+        rows.append(("vLLM causal_conv1d_update (Triton; batch 16, dim 5120)", "cl",
+                     lambda: vllm(x, state, w, bias, activation="silu", conv_state_indices=idx,
+                                  null_block_id=None, out=out), True))
+    return rows
+
+
+def cases(peer, vllm=None):
     """(name, layout, fn, graphable) of every path timed. The bare calls keep the
     stream they were built with, so they cannot be captured on the timing graph's;
     nor can autograd's steps."""
@@ -80,6 +109,7 @@ def cases(peer):
         if peer is not None:
             out.append(("causal_conv1d.causal_conv1d_fn", layout,
                         lambda x=x, w=w, bias=bias: peer(x, w, bias, activation="silu"), True))
+    out += _update_cases(vllm)
     x, _, _ = _inputs("cf", "cuda")
     y = torch.empty_like(x)
     out.append(("torch.mul(x, 1, out=y) (one kernel, for scale)", "cf", lambda: torch.mul(x, 1.0, out=y), True))
@@ -95,6 +125,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--calls", type=int, default=20000, help="calls per timed round")
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds (the median is kept)")
+    ap.add_argument("--vllm", default=None, metavar="CAUSAL_CONV1D_PY",
+                    help="vLLM's causal_conv1d.py (a source tree's or sdist's): time its update too")
     args = ap.parse_args()
     if args.calls < 1 or args.rounds < 1:
         ap.error(f"--calls and --rounds: expected positive numbers, got {args.calls} and {args.rounds}")
@@ -102,7 +134,7 @@ def main() -> None:
     explained = {layout: cc1d.warmup([SHAPE], dtype=DTYPE, weight_dtype=DTYPE, width=WIDTH, layout=layout)[0]
                  for layout in ("cf", "cl")}
     rows = []
-    for name, layout, fn, graphable in cases(peer):
+    for name, layout, fn, graphable in cases(peer, vllm_update(args.vllm)):
         row = dict(path=name, layout=layout)
         try:
             for _ in range(100):  # warm: first-call work (peer's included), clocks
@@ -139,7 +171,7 @@ def main() -> None:
         with open(args.out, "w") as fh:
             json.dump(dict(device=dev, host=platform.node(), torch=torch.__version__, shape=list(SHAPE),
                            dtype=str(DTYPE), width=WIDTH, calls=args.calls, rounds=args.rounds,
-                           peer_installed=peer is not None, rows=rows,
+                           peer_installed=peer is not None, vllm=args.vllm, rows=rows,
                            dispatch={k: {f: e[f] for f in ("key", "reason", "source")}
                                      for k, e in explained.items()}), fh, indent=1)
 

@@ -6,6 +6,9 @@ Registered as ``torch.ops.cc1d.causal_conv1d_update`` (mutating conv_state) so
 ``torch.compile`` keeps it in the graph; eager calls go to the runtime directly.
 Every launch is asynchronous and allocates only ``out``: calls can be captured
 in a CUDA graph once their kernel is loaded (a first call, or ``warmup_update``).
+An eager call whose tensors match an earlier valid call's signature skips the
+Python checks and argument building (its plan holds them; the runtime still
+checks every call's pointers).
 """
 from __future__ import annotations
 
@@ -15,9 +18,10 @@ import torch
 
 from . import _checks as C
 from ._runtime import runtime
-from .ops import _current_device, _stream_handle
+from .ops import _current_device, _raw_stream, _remember, _sig, _stream_handle
 
 _FN = "causal_conv1d_update"
+_is_compiling = torch.compiler.is_compiling
 
 
 def _activation(activation: Union[None, bool, str]) -> bool:
@@ -149,6 +153,63 @@ def _(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices, num_
     return torch.empty_like(x)
 
 
+class _UpdPlan:
+    """A checked update signature: the runtime's launchers for it (``launch[silu]``: UpdPlan's,
+    taking the pointers and the stream) and x's device index."""
+    __slots__ = ("launch", "device")
+
+    def __init__(self, launch: tuple, device: Optional[int]) -> None:
+        self.launch = launch
+        self.device = device
+
+
+# causal_conv1d_update's plans, by _upd_key: only calls that passed _validate add one.
+_UPD_PLANS: dict = {}
+
+
+def _upd_key(x, conv_state, weight, bias, cache_seqlens, conv_state_indices, num_accepted_tokens,
+             pad_slot_id) -> tuple:
+    """causal_conv1d_update's memo key: all that _validate reads but the activation (checked on
+    every call). pad_slot_id's type is in it (True == 1 and hash alike; _validate refuses a bool).
+    Raises for arguments that are not tensors or do not hash."""
+    key = (type(x), x.shape, x.stride(), x.dtype, x.device,
+           type(conv_state), conv_state.shape, conv_state.stride(), conv_state.dtype, conv_state.device,
+           type(weight), weight.shape, weight.stride(), weight.dtype, weight.device,
+           type(pad_slot_id), pad_slot_id, None if bias is None else _sig(bias))
+    if cache_seqlens is not None or conv_state_indices is not None or num_accepted_tokens is not None:
+        key += (None if cache_seqlens is None else _sig(cache_seqlens),
+                None if conv_state_indices is None else _sig(conv_state_indices),
+                None if num_accepted_tokens is None else _sig(num_accepted_tokens))
+    return key
+
+
+def _make_upd_plan(x, conv_state, weight, bias, cache_seqlens, conv_state_indices, num_accepted_tokens, out,
+                   pad_slot_id: int) -> _UpdPlan:
+    """The plan of a checked call, from its arguments and its out (_new_out's: every call of the
+    signature gets out with these strides)."""
+    _, sizes, strides, pad, x_dtype, w_dtype, _ = _upd_call_args(
+        x, conv_state, weight, bias, cache_seqlens, conv_state_indices, num_accepted_tokens, out, pad_slot_id, False)
+    rt = runtime()
+    launch = tuple(rt.UpdPlan(sizes, strides, pad, x_dtype, w_dtype, silu).launcher() for silu in (False, True))
+    return _UpdPlan(launch, x.device.index)
+
+
+def _update_planned(plan: _UpdPlan, x, conv_state, weight, bias, cache_seqlens, conv_state_indices,
+                    num_accepted_tokens, out, silu: bool) -> torch.Tensor:
+    """Launch a call with a plan: read the pointers and the stream."""
+    ptrs = (x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), conv_state.data_ptr(),
+            0 if cache_seqlens is None else cache_seqlens.data_ptr(),
+            0 if conv_state_indices is None else conv_state_indices.data_ptr(),
+            0 if num_accepted_tokens is None else num_accepted_tokens.data_ptr(), out.data_ptr())
+    device = plan.device
+    if device == _current_device():
+        plan.launch[silu](*ptrs, _raw_stream(device))
+    else:
+        with torch.cuda.device(device):
+            plan.launch[silu](*ptrs, _raw_stream(device))
+    return out
+
+
 def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
                          bias: Optional[torch.Tensor] = None, activation: Union[None, bool, str] = None,
                          cache_seqlens: Optional[torch.Tensor] = None,
@@ -170,12 +231,25 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
       state becomes state[a : a+state_len-seqlen] followed by x's tokens.
     """
     silu = _activation(activation)
-    _validate(x, conv_state, weight, bias, cache_seqlens, conv_state_indices, num_accepted_tokens, pad_slot_id)
-    if torch.compiler.is_compiling():
+    if _is_compiling():  # first: the memo below is no graph's business
+        _validate(x, conv_state, weight, bias, cache_seqlens, conv_state_indices, num_accepted_tokens, pad_slot_id)
         return _update_op(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices,
                           num_accepted_tokens, pad_slot_id)
-    return _update_impl(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices,
-                        num_accepted_tokens, pad_slot_id)
+    try:
+        key = _upd_key(x, conv_state, weight, bias, cache_seqlens, conv_state_indices, num_accepted_tokens,
+                       pad_slot_id)
+        plan = _UPD_PLANS.get(key)
+    except Exception:  # not tensors, or an argument that does not hash: _validate says what is wrong
+        key = plan = None
+    if plan is None:
+        _validate(x, conv_state, weight, bias, cache_seqlens, conv_state_indices, num_accepted_tokens, pad_slot_id)
+        out = _new_out(x)
+        plan = _remember(_UPD_PLANS, key, _make_upd_plan(x, conv_state, weight, bias, cache_seqlens,
+                                                         conv_state_indices, num_accepted_tokens, out, pad_slot_id))
+    else:
+        out = _new_out(x)
+    return _update_planned(plan, x, conv_state, weight, bias, cache_seqlens, conv_state_indices,
+                           num_accepted_tokens, out, silu)
 
 
 def explain_update(x, conv_state, weight, bias=None, activation=None, cache_seqlens=None,
@@ -210,12 +284,15 @@ class _Fresh:
 def warmup_update(batch: int, dim: int, *, seqlen: int = 1, state_len: Optional[int] = None,
                   dtype: torch.dtype = torch.bfloat16, weight_dtype: Optional[torch.dtype] = None,
                   width: int = 4, bias: bool = True, activation: Union[None, bool, str] = "silu",
-                  state_layout: str = "cl", device=None) -> dict:
+                  state_layout: str = "cl", state_indices: bool = False, pool: Optional[int] = None,
+                  device=None) -> dict:
     """Decide, compile and load the kernel of ``causal_conv1d_update`` calls with fresh contiguous
     tensors of these sizes (x (batch, dim) when seqlen is 1, else (batch, dim, seqlen); conv_state
     (batch, dim, state_len) with state_len contiguous ("cf") or a (batch, state_len, dim) tensor
     viewed by .transpose(1, 2) ("cl", vLLM's)), so they can be captured in a CUDA graph.
-    cache_seqlens, conv_state_indices and num_accepted_tokens do not change the kernel."""
+    ``state_indices``: the calls pass conv_state_indices (a state pool of ``pool`` rows, default
+    batch), which is a tuned feature with kernels of its own. cache_seqlens and
+    num_accepted_tokens do not change the kernel."""
     from ._warmup import _StandIn, _check_device, _contiguous
     dev = _check_device(device)
     w_dtype = weight_dtype or dtype
@@ -224,10 +301,16 @@ def warmup_update(batch: int, dim: int, *, seqlen: int = 1, state_len: Optional[
         C.fail("warmup_update", "state_layout", "'cf' or 'cl'", repr(state_layout))
     x = _contiguous(batch, dim, dtype=dtype) if seqlen == 1 else _contiguous(batch, dim, seqlen, dtype=dtype)
     out = _contiguous(*x.shape, dtype=dtype)
-    state = (_contiguous(batch, dim, state_len, dtype=dtype) if state_layout == "cf" else
-             _StandIn((batch, dim, state_len), (dim * state_len, 1, dim), dtype))
+    if not isinstance(state_indices, bool):
+        C.fail("warmup_update", "state_indices", "a bool", repr(state_indices), TypeError)
+    rows = batch if pool is None else pool
+    if pool is not None and (isinstance(pool, bool) or not isinstance(pool, int) or pool < 1 or not state_indices):
+        C.fail("warmup_update", "pool", "an int >= 1, with state_indices=True", repr(pool))
+    state = (_contiguous(rows, dim, state_len, dtype=dtype) if state_layout == "cf" else
+             _StandIn((rows, dim, state_len), (dim * state_len, 1, dim), dtype))
+    indices = _contiguous(batch, dtype=torch.int32) if state_indices else None
     args = _upd_call_args(x, state, _contiguous(dim, width, dtype=w_dtype),
-                          _contiguous(dim, dtype=w_dtype) if bias else None, None, None, None, out, -1,
+                          _contiguous(dim, dtype=w_dtype) if bias else None, None, indices, None, out, -1,
                           _activation(activation))
     with torch.cuda.device(dev):
         return runtime().prepare_upd(*args, device=dev.index)

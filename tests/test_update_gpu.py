@@ -377,6 +377,64 @@ def test_warmup_update_loads_the_kernel_calls_use():
     assert e["key"].startswith("upd.cl.bf16wbf16.w4.")
 
 
+def test_warmup_update_with_state_indices_loads_the_pool_kernel():
+    """conv_state_indices select the tuned "pool" kernels: warming them up leaves the calls
+    with indices nothing to decide or load (so they can be captured in a CUDA graph)."""
+    pool = 80
+    x, _, w, b = make(16, 5120, 1, 3, 4, "bf16", "bf16", layout="cl")
+    state = torch.randn(pool, 3, 5120, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    idx = torch.randperm(pool, device="cuda")[:16].to(torch.int32)
+    e = cc1d.warmup_update(16, 5120, dtype=torch.bfloat16, width=4, state_indices=True, pool=pool)
+    stats = cc1d.dispatch_stats()
+    cc1d.causal_conv1d_update(x, state, w, b, activation="silu", conv_state_indices=idx)
+    torch.cuda.synchronize()
+    assert cc1d.dispatch_stats() == stats
+    assert e["key"] == cc1d.explain_update(x, state, w, b, "silu", conv_state_indices=idx)["key"]
+    with pytest.raises(ValueError, match="pool: expected an int >= 1, with state_indices=True"):
+        cc1d.warmup_update(16, 5120, pool=pool)
+    with pytest.raises(TypeError, match="state_indices: expected a bool"):
+        cc1d.warmup_update(16, 5120, state_indices=1)
+
+
+# ---- the eager path's plans (cc1d.update._UPD_PLANS) -------------------------------------
+
+def test_planned_calls_match_the_reference_with_fresh_buffers_each_time(rt):
+    """One signature, many calls: every call after the first runs through its plan with new
+    pointers (and the runtime's remembered kernel) and still matches the reference; the
+    activation and the optional arguments switch between calls."""
+    from cc1d import update
+    update._UPD_PLANS.clear()
+    pool = 9
+    for i in range(6):
+        x, state, w, b = make(5, 2056, 1, 3, 4, "bf16", "f32", layout="cl", pool=pool, seed=100 + i)
+        kw = dict(activation="silu" if i % 2 else None)
+        if i >= 2:
+            kw["conv_state_indices"] = torch.tensor([3, -1, 0, 8, 5], dtype=torch.int32, device=DEV)
+        check(x, state, w, b, **kw)
+    assert len(update._UPD_PLANS) == 2  # with and without indices
+    stats = cc1d.dispatch_stats()
+    x, state, w, b = make(5, 2056, 1, 3, 4, "bf16", "f32", layout="cl", pool=pool, seed=200)
+    check(x, state, w, b, activation="silu")
+    assert cc1d.dispatch_stats() == stats, "a planned call decides and loads nothing"
+    rt.clear_dispatch_cache()
+    x, state, w, b = make(5, 2056, 1, 3, 4, "bf16", "f32", layout="cl", pool=pool, seed=201)
+    check(x, state, w, b, activation="silu")  # decided again after the dispatcher forgot
+
+
+def test_a_planned_signature_still_refuses_overlapping_buffers():
+    """The plan skips the Python checks, not the runtime's: a call whose conv_state overlaps x
+    fails even where its signature was planned by a valid call."""
+    buf = torch.randn(4 * 3 * 256 + 4 * 256, device=DEV, dtype=torch.bfloat16)
+    w = torch.randn(256, 4, device=DEV, dtype=torch.bfloat16)
+    apart = torch.randn(4 * 256, device=DEV, dtype=torch.bfloat16)
+    state = buf[:4 * 3 * 256].view(4, 3, 256).transpose(1, 2)
+    cc1d.causal_conv1d_update(apart.view(4, 256), state, w)
+    cc1d.causal_conv1d_update(apart.view(4, 256), state, w)
+    over = buf[4 * 3 * 256 - 256:4 * 3 * 256 + 3 * 256].view(4, 256)  # x's first row is the state's last entry
+    with pytest.raises(ValueError, match="overlap"):
+        cc1d.causal_conv1d_update(over, state, w)
+
+
 def test_explain_update_names_the_state_layout():
     x, state, w, b = make(2, 64, 1, 3, 4, "bf16", "f32", layout="cf")
     assert cc1d.explain_update(x, state, w, b)["key"].startswith("upd.cf.bf16wf32.w4.")

@@ -480,6 +480,31 @@ std::shared_ptr<const Decision> decide_loaded(const Call& c, const Location& l, 
   });
 }
 
+std::shared_ptr<const Decision> RememberedLaunch::get(const Call& c, const Location& l, Functions* f) {
+  // Read first: a change made while this call decides makes the next call decide again.
+  const uint64_t generation = dispatch_generation();
+  Launch r;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    r = last_;
+  }
+  if (!r.decision || r.generation != generation || r.backend != l.backend || r.device != l.device ||
+      r.features != c.features || r.align != c.align || r.scope != l.backend->module_scope(l.device)) {
+    r.decision = decide_loaded(c, l, /*with_reduce=*/false, &r.functions);
+    // After loading: a first load makes the device's primary context current.
+    r.scope = l.backend->module_scope(l.device);
+    r.generation = generation;
+    r.backend = l.backend;
+    r.device = l.device;
+    r.features = c.features;
+    r.align = c.align;
+    std::lock_guard<std::mutex> lock(mu_);
+    last_ = r;
+  }
+  *f = r.functions;
+  return r.decision;
+}
+
 std::shared_ptr<const Decision> decide_compiled(const Call& c, int arch_id) {
   const std::string target = archs().name(arch_id);
   Backend& backend = backend_for_target(target);

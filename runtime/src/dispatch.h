@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "backend.h"
@@ -75,6 +76,31 @@ Functions functions_on(const Location& l, const KernelVariant& v, bool with_redu
 // A catalog variant that does not compile throws the CompileError.
 std::shared_ptr<const Decision> decide_loaded(const Call& c, const Location& l, bool with_reduce, Functions* f);
 std::shared_ptr<const Decision> decide_compiled(const Call& c, int arch_id);
+
+// A plan's last decision and its loaded kernels (FwdPlan, UpdPlan: ops without a
+// cc1d_reduce kernel), reused while
+// what they followed from holds: the call's features and alignment class, x's
+// backend and device, the backend's module scope (CUDA: the current context)
+// and the dispatcher's generation. Otherwise decide_loaded decides again and
+// this remembers its answer. Thread-safe.
+class RememberedLaunch {
+ public:
+  std::shared_ptr<const Decision> get(const Call& c, const Location& l, Functions* f);
+
+ private:
+  struct Launch {
+    std::shared_ptr<const Decision> decision;  // null: nothing remembered
+    Functions functions;
+    uint64_t generation = 0;
+    Backend* backend = nullptr;
+    int device = -1;
+    const void* scope = nullptr;
+    unsigned features = 0;
+    int align = 0;
+  };
+  std::mutex mu_;
+  Launch last_;  // guarded by mu_
+};
 
 unsigned grid_dim(int64_t n, int tile, unsigned max);
 Explanation explanation_of(const Decision& d);

@@ -1,6 +1,4 @@
 // Forward entry points (cc1d.h): check, decide (dispatch.h), launch.
-#include <mutex>
-
 #include "cc1d/cc1d.h"
 #include "dispatch.h"
 #include "tuning_db.h"
@@ -90,21 +88,7 @@ void launch_fwd(const KernelVariant& v, const FwdArgs& args) {
 
 // ---- FwdPlan ---------------------------------------------------------------
 
-// The decision a plan launched last, its loaded kernel, and what they were valid for.
-struct FwdPlan::Remembered {
-  struct Launch {
-    std::shared_ptr<const Decision> decision;  // null: nothing remembered
-    Functions functions;
-    uint64_t generation = 0;
-    Backend* backend = nullptr;
-    int device = -1;
-    const void* scope = nullptr;
-    unsigned features = 0;
-    int align = 0;
-  };
-  std::mutex mu;
-  Launch last;  // guarded by mu
-};
+struct FwdPlan::Remembered : RememberedLaunch {};
 
 FwdPlan::FwdPlan(const FwdArgs& args) : args_(args), remembered_(std::make_unique<Remembered>()) {}
 FwdPlan::~FwdPlan() = default;
@@ -122,28 +106,9 @@ void FwdPlan::run(const FwdBuffers& b, void* stream) const {
   const Layout layout = validate_fwd(a);
   const Location l = locate(a.p.x);
   if (l.device < 0) throw_no_device(a.p.x);
-  const Call c = fwd_call(a, layout);
-  // Read first: a change made while this call decides makes the next call decide again.
-  const uint64_t generation = dispatch_generation();
-  Remembered::Launch r;
-  {
-    std::lock_guard<std::mutex> lock(remembered_->mu);
-    r = remembered_->last;
-  }
-  if (!r.decision || r.generation != generation || r.backend != l.backend || r.device != l.device ||
-      r.features != c.features || r.align != c.align || r.scope != l.backend->module_scope(l.device)) {
-    r.decision = decide_loaded(c, l, /*with_reduce=*/false, &r.functions);
-    // After loading: a first load makes the device's primary context current.
-    r.scope = l.backend->module_scope(l.device);
-    r.generation = generation;
-    r.backend = l.backend;
-    r.device = l.device;
-    r.features = c.features;
-    r.align = c.align;
-    std::lock_guard<std::mutex> lock(remembered_->mu);
-    remembered_->last = r;
-  }
-  launch_on(l, *r.decision->variant, r.functions, a);
+  Functions f;
+  const std::shared_ptr<const Decision> d = remembered_->get(fwd_call(a, layout), l, &f);
+  launch_on(l, *d->variant, f, a);
 }
 
 }  // namespace cc1d

@@ -1,5 +1,5 @@
-// The forward plan's launcher for the PyTorch API's eager calls: a builtin
-// function called with METH_FASTCALL, so that a call converts its eight ints
+// The forward and update plans' launchers for the PyTorch API's eager calls: a builtin
+// function called with METH_FASTCALL, so that a call converts its ints
 // without pybind11's dispatcher (which costs several times the conversion).
 #pragma once
 #include <pybind11/pybind11.h>
@@ -22,5 +22,9 @@ void set_error_types(const ErrorTypes& types);
 // ints (data pointers, 0 for none; the stream handle), runs plan->run with the
 // GIL released; errors as the pybind11 bindings raise them. Keeps `plan` alive.
 pybind11::object fwd_launcher(std::shared_ptr<const cc1d::FwdPlan> plan);
+
+// f(x, weight, bias, conv_state, cache_seqlens, conv_state_indices,
+// num_accepted_tokens, out, stream): the same for an UpdPlan.
+pybind11::object upd_launcher(std::shared_ptr<const cc1d::UpdPlan> plan);
 
 }  // namespace cc1d_py

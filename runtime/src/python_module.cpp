@@ -1,6 +1,6 @@
 // pybind11 module cc1d._cc1d: a thin layer over the C++ API. The fwd and bwd
 // paths are timed for host overhead: plain ints in, fixed-size arrays, no dicts;
-// FwdPlan and BwdPlan take only the per-call ints (pointers, stream).
+// FwdPlan, BwdPlan and UpdPlan take only the per-call ints (pointers, stream).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -633,6 +633,22 @@ PYBIND11_MODULE(_cc1d, m) {
       "(0 = none). sizes: batch, dim, seqlen, state_len, pool, width. strides (15, elements): x (batch, dim, l), "
       "weight (dim, width), bias, conv_state (pool, dim, state_len), out (3), cache_seqlens, conv_state_indices, "
       "num_accepted_tokens.");
+
+  py::class_<cc1d::UpdPlan, std::shared_ptr<cc1d::UpdPlan>>(
+      m, "UpdPlan",
+      "UpdPlan(sizes, strides, pad_slot_id, x_dtype, w_dtype, silu): upd's arguments but the pointers and the "
+      "stream, converted once (cc1d::UpdPlan, which remembers its launch); launcher() runs it.")
+      .def(py::init([](const UpdSizes& sizes, const UpdStrides& strides, int64_t pad_slot_id, int x_dtype,
+                       int w_dtype, bool silu) {
+             return std::make_shared<cc1d::UpdPlan>(
+                 make_upd_args(UpdPtrs{}, sizes, strides, pad_slot_id, x_dtype, w_dtype, silu, 0));
+           }),
+           py::arg("sizes"), py::arg("strides"), py::arg("pad_slot_id"), py::arg("x_dtype"), py::arg("w_dtype"),
+           py::arg("silu"))
+      .def("launcher", [](std::shared_ptr<cc1d::UpdPlan> self) { return cc1d_py::upd_launcher(std::move(self)); },
+           "A builtin function f(x, weight, bias, conv_state, cache_seqlens, conv_state_indices, "
+           "num_accepted_tokens, out, stream) (data pointers, 0 for none; the stream handle) doing upd(...) with "
+           "the plan's other arguments, called without pybind11's dispatcher.");
 
   m.def(
       "launch_upd",

@@ -83,4 +83,30 @@ void launch_upd(const KernelVariant& v, const UpdArgs& args) {
   launch_on(l, v, functions_on(l, v, /*with_reduce=*/false), args);
 }
 
+// ---- UpdPlan ---------------------------------------------------------------
+
+struct UpdPlan::Remembered : RememberedLaunch {};
+
+UpdPlan::UpdPlan(const UpdArgs& args) : args_(args), remembered_(std::make_unique<Remembered>()) {}
+UpdPlan::~UpdPlan() = default;
+
+void UpdPlan::run(const UpdBuffers& b, void* stream) const {
+  UpdArgs a = args_;
+  a.p.x = b.x;
+  a.p.weight = b.weight;
+  a.p.bias = b.bias;
+  a.p.conv_state = b.conv_state;
+  a.p.cache_seqlens = b.cache_seqlens;
+  a.p.conv_state_indices = b.conv_state_indices;
+  a.p.num_accepted_tokens = b.num_accepted_tokens;
+  a.p.out = b.out;
+  a.stream = stream;
+  const Layout layout = validate_upd(a);
+  const Location l = locate(a.p.x);
+  if (l.device < 0) throw_no_device(a.p.x);
+  Functions f;
+  const std::shared_ptr<const Decision> d = remembered_->get(upd_call(a, layout), l, &f);
+  launch_on(l, *d->variant, f, a);
+}
+
 }  // namespace cc1d

@@ -213,6 +213,94 @@ void test_fwd_matrix() {
                                      "matrix: select_bwd: dtype code 3"); }
 }
 
+// A valid f32 decode update, batch 2, dim 8, width 4, state (2, 8, 3) channel-first.
+cc1d::UpdArgs good_upd_args() {
+  alignas(256) static float x[16], w[32], bias[8], state[48], out[16];
+  cc1d::UpdArgs a;
+  a.p.x = x; a.p.weight = w; a.p.bias = bias; a.p.conv_state = state; a.p.out = out;
+  a.p.batch = 2; a.p.dim = 8; a.p.seqlen = 1; a.p.state_len = 3; a.p.pool = 2;
+  a.p.x_batch_stride = a.p.out_batch_stride = 8; a.p.x_dim_stride = a.p.out_dim_stride = 1;
+  a.p.w_dim_stride = 4; a.p.w_width_stride = 1; a.p.bias_stride = 1;
+  a.p.st_batch_stride = 24; a.p.st_dim_stride = 3; a.p.st_l_stride = 1;
+  a.p.pad_slot_id = -1;
+  a.width = 4;
+  return a;
+}
+
+cc1d::UpdBuffers upd_buffers_of(const cc1d::UpdArgs& a) {
+  cc1d::UpdBuffers b;
+  b.x = a.p.x;
+  b.weight = a.p.weight;
+  b.bias = a.p.bias;
+  b.conv_state = a.p.conv_state;
+  b.cache_seqlens = a.p.cache_seqlens;
+  b.conv_state_indices = a.p.conv_state_indices;
+  b.num_accepted_tokens = a.p.num_accepted_tokens;
+  b.out = a.p.out;
+  return b;
+}
+
+// UpdPlan::run checks each call as causal_conv1d_update does: the same errors for
+// bad sizes and for bad buffers given to a plan made from good sizes.
+void test_upd_plan_validation() {
+  struct Row {
+    const char* name;
+    std::function<void(cc1d::UpdArgs&)> mutate;
+    bool type_error;
+    const char* needle;
+  };
+  const std::vector<Row> rows = {
+      {"width 9", [](cc1d::UpdArgs& a) { a.width = 9; }, false, "width must be in [2, 8], got 9"},
+      {"dtype mismatch", [](cc1d::UpdArgs& a) { a.x_dtype = cc1d::DType::bf16; a.w_dtype = cc1d::DType::f16; },
+       true, "weight dtype must equal x dtype (bf16) or be f32, got f16"},
+      {"state_len", [](cc1d::UpdArgs& a) { a.p.state_len = 2; }, false, "state_len must be >= width - 1 = 3"},
+      {"pool < batch", [](cc1d::UpdArgs& a) { a.p.pool = 1; }, false, "its first dimension (pool) must be >= batch"},
+      {"silu 2", [](cc1d::UpdArgs& a) { a.p.silu = 2; }, false, "silu must be 0 or 1, got 2"},
+      {"negative state stride", [](cc1d::UpdArgs& a) { a.p.st_l_stride = -1; }, false, "st_l_stride must be >= 0"},
+  };
+  for (const auto& row : rows) {
+    cc1d::UpdArgs a = good_upd_args();
+    row.mutate(a);
+    for (int entry = 0; entry < 2; ++entry) {
+      const std::string what = std::string(entry ? "UpdPlan::run: " : "causal_conv1d_update: ") + row.name;
+      auto call = [&] {
+        if (entry) cc1d::UpdPlan(a).run(upd_buffers_of(a), nullptr);
+        else cc1d::causal_conv1d_update(a);
+      };
+      if (row.type_error) check_throws<cc1d::TypeMismatch>(call, row.needle, what);
+      else check_throws<cc1d::InvalidArgument>(call, row.needle, what);
+    }
+  }
+  // Buffers checked per run: a plan of good sizes refuses bad pointers.
+  const cc1d::UpdArgs a = good_upd_args();
+  const cc1d::UpdPlan plan(a);
+  {
+    cc1d::UpdBuffers b = upd_buffers_of(a);
+    b.conv_state = nullptr;
+    check_throws<cc1d::InvalidArgument>([&] { plan.run(b, nullptr); }, "conv_state must not be null",
+                                        "UpdPlan::run: null conv_state");
+  }
+  {
+    cc1d::UpdBuffers b = upd_buffers_of(a);
+    b.out = const_cast<void*>(b.x);
+    check_throws<cc1d::InvalidArgument>([&] { plan.run(b, nullptr); }, "overlap", "UpdPlan::run: out over x");
+  }
+  {
+    cc1d::UpdBuffers b = upd_buffers_of(a);
+    b.x = reinterpret_cast<const char*>(b.x) + 2;
+    check_throws<cc1d::InvalidArgument>([&] { plan.run(b, nullptr); }, "x must be aligned",
+                                        "UpdPlan::run: misaligned x");
+  }
+  {
+    cc1d::UpdBuffers b = upd_buffers_of(a);
+    static int32_t seqlens[2], accepted[2];
+    b.cache_seqlens = seqlens;
+    b.num_accepted_tokens = accepted;
+    check_throws<cc1d::InvalidArgument>([&] { plan.run(b, nullptr); }, "exclude each other",
+                                        "UpdPlan::run: cache_seqlens with num_accepted_tokens");
+  }
+}
+
 int64_t ceil_div(int64_t n, int64_t d) { return (n + d - 1) / d; }
 
 // The documented rule (cc1d.h, causal_conv1d_bwd), written out again.
@@ -385,6 +473,8 @@ void test_no_driver() {
                                    "causal_conv1d_bwd without a GPU");
   check_throws<cc1d::BackendError>([&a] { cc1d::FwdPlan(a).run(buffers_of(a), nullptr); },
                                    "no GPU backend owns pointer", "FwdPlan::run without a GPU");
+  check_throws<cc1d::BackendError>([] { cc1d::UpdPlan(good_upd_args()).run(upd_buffers_of(good_upd_args()), nullptr); },
+                                   "no GPU backend owns pointer", "UpdPlan::run without a GPU");
   check_throws<cc1d::BackendError>([&a] { cc1d::prepare_fwd(a); }, "no GPU to prepare for",
                                    "prepare_fwd without a GPU");
   check_throws<cc1d::InvalidArgument>([&a] { auto b = a; b.width = 1; cc1d::prepare_fwd(b); },
@@ -560,6 +650,7 @@ int main() {
   test_bwd_validation();
   test_bwd_workspace();
   test_fwd_matrix();
+  test_upd_plan_validation();
   test_nvrtc();
   test_threads_compile_once();
   test_dispatch_without_db();

@@ -306,6 +306,38 @@ Explanation explain_upd(const UpdArgs& args, const std::string& arch = "");
 Explanation prepare_upd(const UpdArgs& args, int device = -1);
 void launch_upd(const KernelVariant& v, const UpdArgs& args);
 
+// The per-call part of an update call: its buffers (UpdParams' pointers).
+struct UpdBuffers {
+  const void* x = nullptr;
+  const void* weight = nullptr;
+  const void* bias = nullptr;
+  void* conv_state = nullptr;
+  const int32_t* cache_seqlens = nullptr;
+  const int32_t* conv_state_indices = nullptr;
+  const int32_t* num_accepted_tokens = nullptr;
+  void* out = nullptr;
+};
+
+// Repeated update calls of one kind, as FwdPlan is for the forward: run(buffers,
+// stream) is causal_conv1d_update with `args`' non-pointer fields and these
+// buffers, same checks, same kernel, reusing its last decision and loaded
+// kernel while the buffers' features (bias, conv_state_indices present) and
+// alignment class, the module scope and the dispatcher's state are unchanged.
+// Thread-safe; not copyable.
+class UpdPlan {
+ public:
+  explicit UpdPlan(const UpdArgs& args);  // args.p's pointers and args.stream are not used
+  ~UpdPlan();
+  UpdPlan(const UpdPlan&) = delete;
+  UpdPlan& operator=(const UpdPlan&) = delete;
+  void run(const UpdBuffers& buffers, void* stream) const;
+
+ private:
+  struct Remembered;
+  UpdArgs args_;
+  std::unique_ptr<Remembered> remembered_;
+};
+
 // ---- compilation without a GPU -------------------------------------------
 struct CompileResult {
   std::vector<uint8_t> binary;  // CUBIN (NVIDIA) or code object (AMD)
