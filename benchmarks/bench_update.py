@@ -5,6 +5,10 @@ per call from Python), its fraction of the copy ceiling (minimal bytes: read x
 and the state window, write out and the new state), the peer's update when
 ``causal_conv1d`` is importable, and vLLM's Triton update when ``--vllm`` names its
 source file (vLLM is not installed on the device: the file comes from its sdist).
+Also each kernel's time after a GEMM (a decode step's projection, (batch, 5120) @
+(5120, 10240) bf16, before every update in the graph, its own time taken off): a
+kernel alone in a loop finds its code and data where its last call left them, one
+in a model's step does not.
 Both conv_state layouts: "cl" (dim contiguous, vLLM's pools) and "cf" (state_len
 contiguous, the peer's). vLLM always takes pool indices: where cc1d runs without,
 vLLM gets the identity (arange), so both touch the same state rows.
@@ -57,16 +61,50 @@ def _vllm_caller(vllm, sets, w, b):
     return call
 
 
+class _Gemm:
+    """A decode step's projection before each update: (batch, DIM) @ (DIM, 2 * DIM) bf16."""
+
+    def __init__(self, batch: int) -> None:
+        self.a = torch.randn(batch, DIM, device="cuda", dtype=DTYPE)
+        self.w = torch.randn(DIM, 2 * DIM, device="cuda", dtype=DTYPE)
+        self.y = torch.empty(batch, 2 * DIM, device="cuda", dtype=DTYPE)
+        self.us = graph_time_us([self], calls_per_graph=40)
+
+    def __call__(self):
+        return torch.mm(self.a, self.w, out=self.y)
+
+
+def _after_gemm_us(fns, gemm: _Gemm, rounds: int = 5, pairs_per_graph: int = 60) -> tuple[float, float]:
+    """Device µs per call of fns (cycled) with the GEMM before each, the GEMM's own time taken
+    off: per round, the pairs' graph time less the mean of the GEMM's timed just before and just
+    after (the GEMM's own time drifts by a few per cent). Returns the rounds' median and their
+    spread (max - min)."""
+    pairs = [f for fn in fns for f in (gemm, fn)]
+    calls = 2 * max(len(fns), pairs_per_graph)
+    times = []
+    for _ in range(rounds):
+        before = graph_time_us([gemm], calls_per_graph=pairs_per_graph)
+        both = 2 * graph_time_us(pairs, calls_per_graph=calls)
+        after = graph_time_us([gemm], calls_per_graph=pairs_per_graph)
+        times.append(both - (before + after) / 2)
+    times.sort()
+    return times[len(times) // 2], times[-1] - times[0]
+
+
 def bench(batch, layout, copy_gbps, peer, with_indices, vllm=None):
     sets, w, b, nbytes = make_sets(batch, layout, with_indices)
     row = dict(batch=batch, dim=DIM, layout=layout, indices=with_indices)
+    gemm = _Gemm(batch)
+    row.update(gemm_us=gemm.us)
 
     def ours(x, s, i):
         return cc1d.causal_conv1d_update(x, s, w, b, activation="silu", conv_state_indices=i)
 
     us = graph_time_us([lambda a=a: ours(*a) for a in sets])
     row.update(cc1d_us=us, cc1d_frac=nbytes / (us * 1e-6) / 1e9 / copy_gbps,
-               cc1d_eager_us=host_time_us(lambda: ours(*sets[0]), calls=2000))
+               cc1d_eager_us=host_time_us(lambda: ours(*sets[0]), calls=2000),
+               **dict(zip(("cc1d_after_gemm_us", "cc1d_after_gemm_spread_us"),
+                          _after_gemm_us([lambda a=a: ours(*a) for a in sets], gemm))))
     if peer is not None:
         def theirs(x, s, i):
             return peer(x, s, w, b, activation="silu", conv_state_indices=i) if i is not None else \
@@ -81,7 +119,9 @@ def bench(batch, layout, copy_gbps, peer, with_indices, vllm=None):
         try:
             call = _vllm_caller(vllm, sets, w, b)
             us = graph_time_us([lambda k=k: call(k) for k in range(len(sets))])
-            row.update(vllm_us=us, vllm_frac=nbytes / (us * 1e-6) / 1e9 / copy_gbps)
+            row.update(vllm_us=us, vllm_frac=nbytes / (us * 1e-6) / 1e9 / copy_gbps,
+                       **dict(zip(("vllm_after_gemm_us", "vllm_after_gemm_spread_us"),
+                                  _after_gemm_us([lambda k=k: call(k) for k in range(len(sets))], gemm))))
         except Exception as exc:
             row.update(vllm_error=f"{type(exc).__name__}: {str(exc)[:300]}")
     return row
@@ -103,14 +143,18 @@ def main() -> None:
     print(f"\n{dev}; copy ceiling {copy_gbps:.0f} GB/s; causal_conv1d "
           f"{'installed' if peer else 'not installed'}; dim {DIM}, width {WIDTH}, bf16, bias, SiLU\n")
     print("| state layout | indices | batch | cc1d graph µs | cc1d % copy | cc1d eager µs/call | "
-          "peer graph µs | peer % copy | peer eager µs/call | vLLM graph µs |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "peer graph µs | peer % copy | peer eager µs/call | vLLM graph µs | cc1d after a GEMM µs | "
+          "vLLM after a GEMM µs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         peer_cols = (f"{r['peer_us']:.2f} | {100 * r['peer_frac']:.0f} % | {r['peer_eager_us']:.1f}"
                      if "peer_us" in r else "— | — | —")
         vllm_col = f"{r['vllm_us']:.2f}" if "vllm_us" in r else r.get("vllm_error", "—")
+        vllm_gemm = (f"{r['vllm_after_gemm_us']:.2f} ± {r['vllm_after_gemm_spread_us'] / 2:.2f}"
+                     if "vllm_after_gemm_us" in r else "—")
         print(f"| {r['layout']} | {'yes' if r['indices'] else 'no'} | {r['batch']} | {r['cc1d_us']:.2f} | "
-              f"{100 * r['cc1d_frac']:.0f} % | {r['cc1d_eager_us']:.1f} | {peer_cols} | {vllm_col} |")
+              f"{100 * r['cc1d_frac']:.0f} % | {r['cc1d_eager_us']:.1f} | {peer_cols} | {vllm_col} | "
+              f"{r['cc1d_after_gemm_us']:.2f} ± {r['cc1d_after_gemm_spread_us'] / 2:.2f} | {vllm_gemm} |")
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(dict(device=dev, copy_gbps=copy_gbps, host=platform.node(), rows=rows), fh, indent=1)

@@ -205,6 +205,23 @@ def test_merge_keeps_the_faster_winner(tmp_path):
     assert got == {"s1": (other.key(), 8.0), "s2": (other.key(), 50.0), "s3": (v.key(), 5.0)}
 
 
+def test_merge_replace_takes_every_winner_and_unused_sources_go(tmp_path):
+    v = default_variant(FAM)
+    other = default_variant(FAM, threads=256)
+    with TuningDB(tmp_path / "a.db") as a, TuningDB(tmp_path / "b.db") as b:
+        put(a, v, shape_key="s1", time_us=5.0)
+        put(a, v, shape_key="s2", time_us=7.0)
+        put(b, other, shape_key="s1", time_us=6.0)   # slower, taken anyway
+        put(b, other, shape_key="s2", time_us=8.0)
+        assert a.merge_from(b, replace=True) == 2
+        got = {w["shape_key"]: (w["variant_key"], w["time_us"]) for w in a.winners()}
+        assert got == {"s1": (other.key(), 6.0), "s2": (other.key(), 8.0)}
+        assert a.source(v.hash()) is not None       # left behind by the replaced winners
+        assert a.drop_unused_sources() == 1
+        assert a.source(v.hash()) is None and a.source(other.hash()) == other.source
+        assert a.drop_unused_sources() == 0 and a.validate() == []
+
+
 def test_validate_catches_tampering(tmp_path):
     with _filled(tmp_path / "a.db") as db:
         assert db.validate() == []

@@ -117,6 +117,10 @@ def test_db_subcommands(tmp_path, capsys):
     assert code == 0 and "imported 1 winners" in out
     code, out, _ = run(["db", "merge", "--db", tmp_path / "c.db", a, b], capsys)
     assert code == 0 and "merged 1 winners" in out
+    code, out, _ = run(["db", "merge", "--db", tmp_path / "c.db", b], capsys)
+    assert code == 0 and "merged 0 winners" in out          # same time: the one there stays
+    code, out, _ = run(["db", "merge", "--replace", "--db", tmp_path / "c.db", b], capsys)
+    assert code == 0 and "merged 1 winners" in out
     assert run(["db", "validate", "--db", b], capsys)[0] == 0
     with TuningDB(b) as db:
         db.conn.execute("UPDATE sources SET source = 'evil'")

@@ -134,3 +134,25 @@ def test_update_problem_reaches_its_own_layout(layout, width):
     stream = torch.cuda.current_stream().cuda_stream
     launch = lambda i, o: problem.launch(runtime(), variant.as_runtime_dict(), shape, i, o, stream)  # noqa: E731
     assert validate(problem, shape, launch, seed=7) is None
+
+
+def test_update_timing_flushes_the_l2_before_each_launch():
+    """The decode update is timed after an L2-sized fill before every launch, the fills' own
+    time taken off: the timing is a finite positive per-launch time, and the candidate still
+    ran on every input set (each output written)."""
+    from cc1d.generator import Family, default_variant
+    from cc1d._runtime import runtime
+    from cc1d.tuner.measure import CudaTimer
+    from cc1d.tuner.problems import problem_for
+    from cc1d.tuner.shapes import Shape
+    problem = problem_for("upd")
+    assert problem.runs_between_kernels and not getattr(problem_for("fwd"), "runs_between_kernels", False)
+    shape = Shape("upd", "cl", "bf16", "bf16", 4, 16, 5120, 1)
+    kernel = default_variant(Family("upd", "cl", "bf16", "bf16", 4)).as_runtime_dict()
+    timer = CudaTimer(problem, shape)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    assert timer.flush is not None and timer.flush.numel() >= 2 * l2
+    t = timer.time(lambda i, o, s: problem.launch(runtime(), kernel, shape, i, o, s), None)
+    assert 0 < t.median_us < 1e3 and t.samples >= 5, t
+    for _, outputs in timer.sets:
+        assert not torch.isnan(outputs["out"]).any(), "a rotated set the timed graph never launched on"

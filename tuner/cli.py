@@ -84,6 +84,10 @@ def db_parser() -> argparse.ArgumentParser:
             s.add_argument("--with-trials", action="store_true")
         if name in ("import", "merge"):
             s.add_argument("inputs", nargs="+", help="exported .jsonl files" if name == "import" else "DB files")
+        if name == "merge":
+            s.add_argument("--replace", action="store_true",
+                           help="take every winner of the inputs, slower or not (a re-tune whose timing "
+                                "method changed: its times do not compare with the old ones)")
     return p
 
 
@@ -294,7 +298,7 @@ def db_main(argv: Sequence[str]) -> int:
             n = 0
             for f in args.inputs:
                 with TuningDB(f, readonly=True) as other:
-                    n += db.merge_from(other)
+                    n += db.merge_from(other, replace=args.replace)
             print(f"merged {n} winners into {path}")
         elif args.cmd == "validate":
             problems = db.validate()
@@ -317,6 +321,9 @@ def db_main(argv: Sequence[str]) -> int:
             if args.drop_trials:
                 with db.transaction():
                     db.conn.execute("DELETE FROM trials")
+            dropped = db.drop_unused_sources()
+            if dropped:
+                print(f"dropped {dropped} sources no winner uses")
             db.finalize()
             n = len(db.winners())
     if args.cmd == "finalize":

@@ -301,9 +301,19 @@ class TuningDB:
             stored += 1
         return stored
 
-    def merge_from(self, other: "TuningDB") -> int:
-        """Take the other DB's trials and its winners where faster (or absent here)."""
-        return self.import_lines(other.export_lines(with_trials=True), keep_faster=True)
+    def merge_from(self, other: "TuningDB", *, replace: bool = False) -> int:
+        """Take the other DB's trials and its winners where faster (or absent here); with
+        ``replace``, all its winners: times from runs that time differently (a re-tune after
+        the timing method changed) do not compare, and the newer run is the one to keep."""
+        return self.import_lines(other.export_lines(with_trials=True), keep_faster=not replace)
+
+    def drop_unused_sources(self) -> int:
+        """Delete the sources no winner uses (a replaced winner leaves its source behind);
+        returns how many went."""
+        with self.transaction():
+            cur = self.conn.execute("DELETE FROM sources WHERE hash NOT IN "
+                                    "(SELECT source_hash FROM winners)")
+        return cur.rowcount
 
     def validate(self) -> list[str]:
         """Every problem with the stored winners (empty when all is well)."""

@@ -283,8 +283,10 @@ class UpdProblem:
     vLLM's pools; "cf": state_len contiguous, the peer's). The state is an output:
     make_outputs hands the kernel a copy of the input state to update. With the
     shape's state_indices ("pool"), the states are rows of a pool of 2 * batch + 1
-    picked by shuffled, distinct conv_state_indices (as a serving engine's are)."""
+    picked by shuffled, distinct conv_state_indices (as a serving engine's are). A decode
+    step's kernel runs between a model's other kernels: timed after an L2 flush (measure.py)."""
     op = "upd"
+    runs_between_kernels = True
 
     def bytes_moved(self, shape: Shape) -> int:
         xb, wb = DTYPES[shape.x_dtype][1], DTYPES[shape.w_dtype][1]
