@@ -38,6 +38,12 @@ def test_arch_mismatch_says_what_is_present_and_what_to_do(shapes, capsys):
     assert "add --compile-only" in err
 
 
+def test_start_from_names_a_missing_db(shapes, tmp_path, capsys):
+    code, _, err = run(["--arch", "sm_90", "--shapes", shapes, "--start-from", tmp_path / "none.db"], capsys,
+                       probe=lambda: H100)
+    assert code == 2 and "--start-from: expected tuning DB files" in err and "none.db" in err
+
+
 def test_no_gpu_errors(shapes, capsys):
     code, _, err = run(["--arch", "sm_90", "--shapes", shapes], capsys)
     assert code == 2 and "--arch sm_90: no GPU is visible here" in err and "--compile-only" in err

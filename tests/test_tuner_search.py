@@ -12,7 +12,7 @@ import pytest
 
 from cc1d.generator import arch_info, default_variant, variants
 from cc1d.tuner.db import TuningDB
-from cc1d.tuner.search import SearchConfig, _BruteForce, make_sampler, simplicity, tune_shape
+from cc1d.tuner.search import SearchConfig, _BruteForce, make_sampler, simplicity, start_configs, tune_shape
 from cc1d.tuner.shapes import parse_shapes
 from cc1d.tuner.testing import FakeEvaluator, fake_time_us
 
@@ -155,6 +155,32 @@ def test_resume_reuses_trials_and_winners(db):
     assert len(ev3.compiled) == 3 and not set(ev3.compiled) & set(ev.compiled)
     assert res.winner is not None and not res.resumed
 
+
+
+def _store_winner(db, shape, v, time_us=1.0):
+    db.put_winner(v.source, arch=ARCH, family_key=shape.family().key(), shape_key=shape.key(), op=shape.op,
+                  batch=shape.batch, dim=shape.dim, seqlen=shape.seqlen, features="bias,silu",
+                  variant_key=v.key(), config=v.params, **v.geometry(), time_us=time_us, environment={})
+
+
+def test_start_from_tries_other_dbs_winners_first(db, tmp_path):
+    valid = list(variants(CF.family(), arch_info(ARCH)))
+    default = default_variant(CF.family())
+    fastest = min(valid, key=fake_time_us)
+    other = next(v for v in valid if v not in (default, fastest))
+    with TuningDB(tmp_path / "old.db") as old, TuningDB(tmp_path / "stale.db") as stale:
+        _store_winner(old, CF, fastest, time_us=99.0)     # its stored time plays no part
+        _store_winner(stale, CF, other)
+        stale.conn.execute("UPDATE winners SET epoch = epoch + 1")  # another generator: not tried
+        _store_winner(stale, CL, default_variant(CL.family()))  # another shape: not tried for CF
+        starts = start_configs(CF, ARCH, [old, stale, old])
+    assert starts == [fastest.params]
+    ev = FakeEvaluator()
+    res = tune_shape(CF, ARCH, ev, db, SearchConfig(trials=3), start_configs=starts)
+    assert ev.compiled[:2] == [default.key(), fastest.key()] and len(ev.compiled) == 3
+    assert res.winner == fastest                          # timed here, and it wins on its time
+    assert db.winner(ARCH, CF.family().key(), CF.key())["time_us"] == pytest.approx(fake_time_us(fastest),
+                                                                                     rel=0.05)
 
 
 def test_resume_retunes_a_winner_the_templates_no_longer_render(db):

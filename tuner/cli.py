@@ -3,6 +3,7 @@ target without a GPU, and inspect / ship / merge / validate tuning DBs."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import logging
@@ -41,6 +42,10 @@ def tune_parser() -> argparse.ArgumentParser:
                    help=f"candidates per shape (default {DEFAULT_TRIALS}; --compile-only: all)")
     p.add_argument("--budget-s", type=float, default=None, help="wall-clock seconds per shape")
     p.add_argument("--resume", action="store_true", help="keep stored winners and trials, continue the rest")
+    p.add_argument("--start-from", nargs="+", default=[], metavar="DB",
+                   help="tuning DBs whose winners for each shape are tried first, right after the default "
+                        "(timed like any candidate; e.g. the shipped DB when re-tuning: the search then "
+                        "cannot miss a config it already knew)")
     dist = p.add_mutually_exclusive_group()
     dist.add_argument("--workers", type=int, default=1, help="processes, one per local GPU, on one study")
     dist.add_argument("--storage", help="Optuna storage shared by several hosts: a journal file path "
@@ -219,7 +224,7 @@ def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], Devi
     from .isolate import IsolatedEvaluator, gpu_evaluator
     from .measure import copy_bandwidth
     from .report import table, write_report
-    from .search import SearchConfig, tune_shape
+    from .search import SearchConfig, start_configs, tune_shape
     from tqdm import tqdm
 
     if args.workers > 1 and not args.worker:
@@ -233,7 +238,8 @@ def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], Devi
     env["copy_gbps"] = round(copy_bw / 1e9, 1)
     run_id = uuid.uuid4().hex[:12]
     results = []
-    with TuningDB(db_path) as db:
+    with contextlib.ExitStack() as stack, TuningDB(db_path) as db:
+        starts = [stack.enter_context(TuningDB(p, readonly=True)) for p in args.start_from]
         bar = tqdm(shapes, desc="shapes", unit="shape", disable=None)
         for shape in bar:
             bar.set_postfix_str(shape.describe())
@@ -251,7 +257,8 @@ def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], Devi
                 evaluator = GpuEvaluator(rt, shape, arch)
             try:
                 results.append(tune_shape(shape, arch, evaluator, db, cfg, storage=storage, copy_bw=copy_bw,
-                                          environment=env, run_id=run_id, on_trial=on_trial))
+                                          environment=env, run_id=run_id, on_trial=on_trial,
+                                          start_configs=start_configs(shape, arch, starts)))
             finally:
                 if args.isolate:
                     evaluator.close()
@@ -373,6 +380,9 @@ def main(argv: Sequence[str] | None = None, *,
             raise UsageError(f"--trials: expected a positive number, got {args.trials}")
         if args.workers < 1:
             raise UsageError(f"--workers: expected a positive number, got {args.workers}")
+        for path in args.start_from:
+            if not Path(path).is_file():
+                raise UsageError(f"--start-from: expected tuning DB files, got {path!r} (no such file)")
         return tune(args, argv, probe)
     except (UsageError, ShapesError, DBError, ValueError) as exc:
         print(f"cc1d-tune: error: {exc}", file=sys.stderr)

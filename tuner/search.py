@@ -18,7 +18,7 @@ import warnings
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import optuna
 from optuna.distributions import CategoricalDistribution
@@ -107,8 +107,9 @@ class ShapeSearch:
     def __init__(self, shape: Shape, arch: str, evaluator: Evaluator, db: TuningDB, cfg: SearchConfig,
                  *, storage: Any = None, copy_bw: float | None = None, environment: dict | None = None,
                  run_id: str | None = None, on_trial: Callable[[Outcome], None] | None = None,
-                 trials_since: str | None = None) -> None:
+                 trials_since: str | None = None, start_configs: Sequence[dict] = ()) -> None:
         self.shape, self.arch, self.ev, self.db, self.cfg = shape, arch, evaluator, db, cfg
+        self.start_configs = list(start_configs)  # tried right after the default (--start-from)
         self.trials_since = trials_since  # --resume replays only trials stored after this time
         self.family = shape.family()
         self.arch_obj = arch_info(arch)
@@ -181,8 +182,12 @@ class ShapeSearch:
 
     def run_trials(self) -> None:
         self._load_known()
-        if self.default.key() not in self.known and not (self.shared and self.study.trials):
-            self.study.enqueue_trial(self.default.params)
+        if not (self.shared and self.study.trials):  # one process of a shared study enqueues
+            queued = set(self.known)
+            for v in [self.default] + [self._variant(c) for c in self.start_configs]:
+                if v.key() not in queued:
+                    self.study.enqueue_trial(v.params)
+                    queued.add(v.key())
         start = time.monotonic()
         best = min((o.time_us for o in self.known.values() if o.status == "ok"), default=None)
         pending: deque[tuple[Any, Variant, Future]] = deque()
@@ -315,6 +320,21 @@ def is_current(shape: Shape, row: dict) -> bool:
         return Variant.of(shape.family(), **json.loads(row["config"])).hash() == row["source_hash"]
     except (TypeError, ValueError, KeyError):
         return False  # the config is no longer in the space
+
+
+def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB]) -> list[dict]:
+    """The configs of these DBs' winners for the shape that still render to the source they
+    were timed with: candidates a re-tune tries first, timed like any other. A winner found
+    under another timing method (or on another device) then cannot be missed by the search,
+    and it is kept only if it wins again."""
+    out = []
+    for db in dbs:
+        row = db.winner(arch, shape.family().key(), shape.key())
+        if row is not None and is_current(shape, row):
+            cfg = json.loads(row["config"])
+            if cfg not in out:
+                out.append(cfg)
+    return out
 
 
 def tune_shape(shape: Shape, arch: str, evaluator: Evaluator, db: TuningDB, cfg: SearchConfig = SearchConfig(),
