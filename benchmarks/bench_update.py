@@ -100,11 +100,11 @@ def bench(batch, layout, copy_gbps, peer, with_indices, vllm=None):
     def ours(x, s, i):
         return cc1d.causal_conv1d_update(x, s, w, b, activation="silu", conv_state_indices=i)
 
-    us = graph_time_us([lambda a=a: ours(*a) for a in sets])
+    fns = [lambda a=a: ours(*a) for a in sets]
+    us = graph_time_us(fns)
     row.update(cc1d_us=us, cc1d_frac=nbytes / (us * 1e-6) / 1e9 / copy_gbps,
                cc1d_eager_us=host_time_us(lambda: ours(*sets[0]), calls=2000),
-               **dict(zip(("cc1d_after_gemm_us", "cc1d_after_gemm_spread_us"),
-                          _after_gemm_us([lambda a=a: ours(*a) for a in sets], gemm))))
+               **dict(zip(("cc1d_after_gemm_us", "cc1d_after_gemm_spread_us"), _after_gemm_us(fns, gemm))))
     if peer is not None:
         def theirs(x, s, i):
             return peer(x, s, w, b, activation="silu", conv_state_indices=i) if i is not None else \
@@ -118,10 +118,10 @@ def bench(batch, layout, copy_gbps, peer, with_indices, vllm=None):
     if vllm is not None:
         try:
             call = _vllm_caller(vllm, sets, w, b)
-            us = graph_time_us([lambda k=k: call(k) for k in range(len(sets))])
+            vllm_fns = [lambda k=k: call(k) for k in range(len(sets))]
+            us = graph_time_us(vllm_fns)
             row.update(vllm_us=us, vllm_frac=nbytes / (us * 1e-6) / 1e9 / copy_gbps,
-                       **dict(zip(("vllm_after_gemm_us", "vllm_after_gemm_spread_us"),
-                                  _after_gemm_us([lambda k=k: call(k) for k in range(len(sets))], gemm))))
+                       **dict(zip(("vllm_after_gemm_us", "vllm_after_gemm_spread_us"), _after_gemm_us(vllm_fns, gemm))))
         except Exception as exc:
             row.update(vllm_error=f"{type(exc).__name__}: {str(exc)[:300]}")
     return row

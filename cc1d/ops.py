@@ -222,6 +222,16 @@ def _make_fwd_plan(x, weight, bias, seq_idx, initial_states, final_states_out,
     return _FwdPlan(launch, contiguous, _is_like(x, xm, out, x.device), x.device.index)
 
 
+def _launch_planned(launch, device: Optional[int], ptrs: tuple) -> None:
+    """Call a plan's launcher with the pointers and the current stream of x's device,
+    making that device current for the call where it is not."""
+    if device == _current_device():
+        launch(*ptrs, _raw_stream(device))
+    else:
+        with torch.cuda.device(device):
+            launch(*ptrs, _raw_stream(device))
+
+
 def _forward_planned(plan: _FwdPlan, x, weight, bias, seq_idx, initial_states, final_states, silu: bool):
     """_forward_impl of a call with a plan: allocate out, read the pointers, launch."""
     if plan.contiguous:
@@ -231,12 +241,7 @@ def _forward_planned(plan: _FwdPlan, x, weight, bias, seq_idx, initial_states, f
             0 if seq_idx is None else seq_idx.data_ptr(),
             0 if initial_states is None else initial_states.data_ptr(), out.data_ptr(),
             0 if final_states is None else final_states.data_ptr())
-    device = plan.device
-    if device == _current_device():
-        plan.launch[silu](*ptrs, _raw_stream(device))
-    else:
-        with torch.cuda.device(device):
-            plan.launch[silu](*ptrs, _raw_stream(device))
+    _launch_planned(plan.launch[silu], plan.device, ptrs)
     return out
 
 

@@ -18,7 +18,7 @@ import torch
 
 from . import _checks as C
 from ._runtime import runtime
-from .ops import _current_device, _raw_stream, _remember, _sig, _stream_handle
+from .ops import _current_device, _launch_planned, _remember, _sig, _stream_handle
 
 _FN = "causal_conv1d_update"
 _is_compiling = torch.compiler.is_compiling
@@ -201,12 +201,7 @@ def _update_planned(plan: _UpdPlan, x, conv_state, weight, bias, cache_seqlens, 
             0 if cache_seqlens is None else cache_seqlens.data_ptr(),
             0 if conv_state_indices is None else conv_state_indices.data_ptr(),
             0 if num_accepted_tokens is None else num_accepted_tokens.data_ptr(), out.data_ptr())
-    device = plan.device
-    if device == _current_device():
-        plan.launch[silu](*ptrs, _raw_stream(device))
-    else:
-        with torch.cuda.device(device):
-            plan.launch[silu](*ptrs, _raw_stream(device))
+    _launch_planned(plan.launch[silu], plan.device, ptrs)
     return out
 
 

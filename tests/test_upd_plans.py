@@ -65,8 +65,9 @@ def rec(monkeypatch):
         return real_validate(*args, require_device=False)
     monkeypatch.setattr(update, "runtime", lambda: r)
     monkeypatch.setattr(update, "_validate", validate)
-    monkeypatch.setattr(update, "_current_device", lambda: None)  # a CPU tensor's device.index
-    monkeypatch.setattr(update, "_raw_stream", lambda index: 0)
+    for module in (update, ops):  # ops: the plans' launch (_launch_planned)
+        monkeypatch.setattr(module, "_current_device", lambda: None)  # a CPU tensor's device.index
+    monkeypatch.setattr(ops, "_raw_stream", lambda index: 0)
     monkeypatch.setattr(update, "_stream_handle", lambda device: 0)
     update._UPD_PLANS.clear()
     yield r
