@@ -366,7 +366,7 @@ BWD_CF = Space(
 
 # Channel-last: each thread streams a run of positions (templates/bwd_channel_last.cu.j2).
 RUN = Param("run", "r", (16, 32, 64), "consecutive positions one thread streams through per work item")
-STEP = Param("step", "u", (2, 4, 8), "rows whose x and dout loads are in flight together")
+STEP = Param("step", "u", (2, 4, 8, 16), "rows whose x and dout loads are in flight together")
 
 
 def bwd_cl_registers(family: Family, config: Config) -> int:
