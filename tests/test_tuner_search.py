@@ -117,6 +117,39 @@ def test_one_disturbed_retime_round_of_the_fastest_does_not_make_everything_a_ti
     assert res.speedup == pytest.approx(2.0)
 
 
+@pytest.mark.parametrize("gain, expect_default", [(0.004, True), (0.05, False)])
+def test_wide_sample_spreads_tie_only_within_the_medians_error(db, gain, expect_default):
+    # Flush-timed samples spread by ~10 %; medians of 200 of them differ by ~0.5 %: a 5 %
+    # gain is real (the spread itself as the band would call it a tie), 0.4 % is not.
+    default = default_variant(CF.family())
+    rival = default_variant(CF.family(), threads=256)
+    times = lambda v: 10.0 * (1 - gain) if v == rival else 10.0 if v == default else 20.0  # noqa: E731
+    res = tune_shape(CF, ARCH, FakeEvaluator(times=times, spread=0.10), db, SearchConfig(trials=10_000))
+    assert res.winner == (default if expect_default else rival)
+    assert res.spread == pytest.approx(0.10)
+
+
+def test_medians_that_drift_between_rounds_tie(db):
+    # The rival's rounds scatter by 8 % (median absolute deviation): its 4 % lead over the
+    # default is not a measured one, whatever the samples' spread within a round.
+    default = default_variant(CF.family())
+    rival = default_variant(CF.family(), threads=256)
+    seq = iter([4.6, 5.0, 5.4, 4.6])  # the trial, then three re-time rounds
+
+    def times(v):
+        return next(seq) if v == rival else 5.2 if v == default else 20.0
+
+    res = tune_shape(CF, ARCH, FakeEvaluator(times=times, spread=0.01), db, SearchConfig(trials=10_000))
+    assert res.winner == default
+
+
+def test_median_error_shrinks_with_samples():
+    from cc1d.tuner.measure import Timing
+    from cc1d.tuner.search import median_error
+    assert median_error(Timing(10.0, 0.10, 200)) == pytest.approx(0.745 * 0.10 / 200 ** 0.5)
+    assert median_error(Timing(10.0, 0.10, 50)) == pytest.approx(2 * median_error(Timing(10.0, 0.10, 200)))
+
+
 def test_ties_among_non_defaults_go_to_the_fewest_changes(db):
     default = default_variant(CF.family())
     near = default_variant(CF.family(), threads=256)

@@ -27,6 +27,7 @@ from optuna.trial import TrialState
 from ..generator import EPOCH, Family, Variant, arch_info, default_variant, space_for, variants
 from .db import TuningDB
 from .evaluate import CandidateError, Evaluator
+from .measure import Timing
 from .shapes import Shape
 
 log = logging.getLogger("cc1d")
@@ -245,6 +246,23 @@ class ShapeSearch:
 
     # ---- the winner ---------------------------------------------------------------
 
+    def _tie_band(self, rounds: dict[Variant, list[Timing]], fastest: Variant, v: Variant) -> float:
+        """How far above the fastest's median v's may lie and still tie: two standard errors
+        of the medians' difference, or the rounds' own scatter (the median absolute
+        deviation of their medians: drift between rounds, robust to one disturbed round),
+        at least the floor. Not the samples' spread: flush-timed samples spread by ~10 %
+        while their medians of 200 differ by well under 1 % (measured on the H100: a
+        spread-wide band made a 0.3 us gap at 3.6 us a tie, and the simpler, slower config won)."""
+        def err(u: Variant) -> float:
+            return _middle([median_error(t) for t in rounds[u]])
+
+        def scatter(u: Variant) -> float:
+            ms = [t.median_us for t in rounds[u]]
+            mid = _middle(ms)
+            return _middle([abs(m - mid) for m in ms]) / mid if mid > 0 else 0.0
+
+        return max(self.cfg.tie_tolerance, 2 * math.hypot(err(fastest), err(v)), scatter(fastest), scatter(v))
+
     def finalize(self) -> ShapeResult:
         res = ShapeResult(self.shape, self.arch, default=self.default)
         for o in self.known.values():
@@ -257,31 +275,23 @@ class ShapeSearch:
         if self.default.key() in self.known and self.known[self.default.key()].status == "ok" \
                 and self.default not in finalists:
             finalists.append(self.default)
-        times: dict[Variant, list[float]] = {v: [] for v in finalists}
-        spreads: dict[Variant, list[float]] = {v: [] for v in finalists}
+        rounds: dict[Variant, list[Timing]] = {v: [] for v in finalists}
         for _ in range(self.cfg.retime_rounds):  # interleaved, so drift hits all alike
             for v in finalists:
                 try:
-                    t = self.ev.time(v, None)
+                    rounds[v].append(self.ev.time(v, None))
                 except CandidateError as exc:
                     log.warning("cc1d-tune: finalist %s failed when re-timed: %s", v.key(), exc)
-                    times.pop(v, None)
+                    rounds.pop(v, None)
                     break
-                times[v].append(t.median_us)
-                spreads[v].append(t.spread)
-            finalists = [v for v in finalists if v in times]
-        if not times:
+            finalists = [v for v in finalists if v in rounds]
+        if not rounds:
             res.note = "every finalist failed when re-timed"
             return res
-        med = {v: sorted(ts)[len(ts) // 2] for v, ts in times.items()}
-        # A finalist's noise is its typical spread (the median round's). Not the rounds'
-        # range: one disturbed round of the fastest would make every finalist, the
-        # default too, a tie with it (measured: an update shape kept its default at
-        # 7.6 us beside a 4.9 us finalist); the median of the rounds already drops it.
-        noise = {v: sorted(spreads[v])[len(spreads[v]) // 2] for v in times}
+        med = {v: _middle([t.median_us for t in ts]) for v, ts in rounds.items()}
+        noise = {v: _middle([t.spread for t in ts]) for v, ts in rounds.items()}
         fastest = min(med, key=lambda v: (med[v], v.key()))
-        tol = max(noise[fastest], self.cfg.tie_tolerance)
-        tied = [v for v in med if med[v] <= med[fastest] * (1 + tol)]
+        tied = [v for v in med if med[v] <= med[fastest] * (1 + self._tie_band(rounds, fastest, v))]
         winner = min(tied, key=lambda v: simplicity(v, self.default))
         res.winner, res.time_us, res.spread = winner, med[winner], noise[winner]
         if self.default in med:
@@ -298,6 +308,17 @@ class ShapeSearch:
             time_us=res.time_us, default_us=res.default_us, copy_fraction=res.copy_fraction,
             spread=res.spread, speedup=res.speedup, environment=self.environment)
         return res
+
+
+def _middle(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def median_error(t: Timing) -> float:
+    """Relative standard error of a timing's median. Its p20-p80 spread is about 1.68
+    standard deviations of one sample (a normal's); a median of n samples varies by
+    about 1.25 of those over sqrt(n)."""
+    return 0.745 * t.spread / math.sqrt(max(t.samples, 1))
 
 
 def _attrs(o: Outcome) -> dict:
