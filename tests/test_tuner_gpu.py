@@ -156,3 +156,19 @@ def test_update_timing_flushes_the_l2_before_each_launch():
     assert 0 < t.median_us < 1e3 and t.samples >= 5, t
     for _, outputs in timer.sets:
         assert not torch.isnan(outputs["out"]).any(), "a rotated set the timed graph never launched on"
+
+
+def test_warm_timing_where_the_timing_flushes():
+    """The warm tie-break timing: a finite per-launch time for the update (timed after
+    flushes otherwise), None for the forward (whose timing is warm already)."""
+    from cc1d.generator import Family, default_variant
+    from cc1d._runtime import runtime
+    from cc1d.tuner.evaluate import GpuEvaluator
+    from cc1d.tuner.shapes import Shape
+    upd = Shape("upd", "cl", "bf16", "bf16", 4, 16, 5120, 1)
+    ev = GpuEvaluator(runtime(), upd, "sm_90")
+    v = default_variant(Family("upd", "cl", "bf16", "bf16", 4))
+    t = ev.time_warm(v)
+    assert t is not None and 0 < t.median_us < 1e3 and t.samples >= 5, t
+    fwd = Shape("fwd", "cf", "bf16", "bf16", 4, 1, 256, 1000)
+    assert GpuEvaluator(runtime(), fwd, "sm_90").time_warm(default_variant(fwd.family())) is None

@@ -143,6 +143,32 @@ def test_medians_that_drift_between_rounds_tie(db):
     assert res.winner == default
 
 
+@pytest.mark.parametrize("warm_gain, expect_default", [(0.0, True), (0.2, False)])
+def test_flush_timed_ties_go_to_the_faster_warm(db, warm_gain, expect_default):
+    # Tied after a flush (0.2 % apart), the rival 20 % faster back to back: the warm
+    # timing decides; tied there too, the default wins as before. Stored times stay
+    # the primary (flushed) ones.
+    default = default_variant(CF.family())
+    rival = default_variant(CF.family(), threads=256)
+    times = lambda v: 9.98 if v == rival else 10.0 if v == default else 20.0  # noqa: E731
+    warm = lambda v: 5.0 * (1 - warm_gain) if v == rival else 5.0 if v == default else 8.0  # noqa: E731
+    ev = FakeEvaluator(times=times, warm_times=warm, spread=0.01)
+    res = tune_shape(CF, ARCH, ev, db, SearchConfig(trials=10_000))
+    assert res.winner == (default if expect_default else rival)
+    assert res.time_us == pytest.approx(10.0 if expect_default else 9.98)
+    assert ev.timed_warm.count(rival.key()) == 3 and ev.timed_warm.count(default.key()) == 3
+    assert set(ev.timed_warm) == {rival.key(), default.key()}  # only the tied finalists
+
+
+def test_a_clear_winner_is_not_timed_warm(db):
+    default = default_variant(CF.family())
+    rival = default_variant(CF.family(), threads=256)
+    times = lambda v: 5.0 if v == rival else 10.0 if v == default else 20.0  # noqa: E731
+    ev = FakeEvaluator(times=times, warm_times=lambda v: 1.0, spread=0.01)
+    res = tune_shape(CF, ARCH, ev, db, SearchConfig(trials=10_000))
+    assert res.winner == rival and ev.timed_warm == []
+
+
 def test_median_error_shrinks_with_samples():
     from cc1d.tuner.measure import Timing
     from cc1d.tuner.search import median_error

@@ -34,6 +34,10 @@ class Evaluator(Protocol):
     def time(self, variant: Variant, best_us: float | None) -> Timing:
         """Time it (early exit allowed when clearly slower than best_us)."""
 
+    def time_warm(self, variant: Variant) -> Timing | None:
+        """Time it back to back, without the L2 flush time() puts before each launch;
+        None where time() is warm already (nothing different to measure)."""
+
 
 def compile_variant(rt: Any, variant: Variant, target: str) -> None:
     try:
@@ -85,3 +89,8 @@ class GpuEvaluator:
 
     def time(self, variant: Variant, best_us: float | None) -> Timing:
         return self.timer.time(self._launcher(variant), best_us)
+
+    def time_warm(self, variant: Variant) -> Timing | None:
+        if self.timer.flush is None:
+            return None
+        return self.timer.time(self._launcher(variant), None, flush=False)

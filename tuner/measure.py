@@ -86,13 +86,16 @@ class CudaTimer:
             l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
             self.flush = torch.empty(max(cfg.flush_bytes, 2 * l2), dtype=torch.uint8, device=device)
 
-    def time(self, launch: Callable[[dict, dict, int], None], best_us: float | None) -> Timing:
+    def time(self, launch: Callable[[dict, dict, int], None], best_us: float | None,
+             flush: bool = True) -> Timing:
         """`launch(inputs, outputs, stream)` must enqueue the candidate's kernels and nothing else.
 
         One sample is one replay of a CUDA graph that launches the candidate once on
         each input set, divided by the launches: host launch overhead never enters
-        (per-launch events would time a small kernel's launch, not the kernel)."""
+        (per-launch events would time a small kernel's launch, not the kernel).
+        flush=False leaves out the problem's L2 flush (launches back to back)."""
         torch = self.torch
+        fill = self.flush if flush else None
         calls = len(self.sets)  # many for small shapes, whose launches would dominate
 
         def run(stream) -> None:
@@ -110,8 +113,8 @@ class CudaTimer:
             with torch.cuda.graph(graph):
                 capture_stream = torch.cuda.current_stream()
                 for _ in range(calls):
-                    if self.flush is not None:
-                        self.flush.fill_(1)
+                    if fill is not None:
+                        fill.fill_(1)
                     if candidate:
                         run(capture_stream)
             graph.replay()
@@ -119,7 +122,7 @@ class CudaTimer:
             return graph
 
         graph = capture(True)
-        flushes = capture(False) if self.flush is not None else None  # the fills alone
+        flushes = capture(False) if fill is not None else None  # the fills alone
 
         def timed(g: Any) -> tuple:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -4,8 +4,9 @@ The default variant goes first; invalid configs and failing candidates are
 pruned with their reason and recorded; small spaces are enumerated with
 BruteForceSampler, larger ones sampled with a seeded TPE. Candidates compile
 on a worker thread while the device validates and times earlier ones. At the
-end the finalists are re-timed together and near-ties within the noise go to
-the default, then to the variant closest to it.
+end the finalists are re-timed together; near-ties within the noise are timed
+warm where the timing flushes the L2 (the decode update), and those that still
+tie go to the default, then to the variant closest to it.
 """
 from __future__ import annotations
 
@@ -263,6 +264,33 @@ class ShapeSearch:
 
         return max(self.cfg.tie_tolerance, 2 * math.hypot(err(fastest), err(v)), scatter(fastest), scatter(v))
 
+    def _warm_ties(self, tied: list[Variant]) -> list[Variant]:
+        """Of finalists that tie under a timing that flushes the L2 before each launch, those
+        that also tie timed warm (back to back), re-timed in interleaved rounds like the
+        finalists. A tie after a flush is no reason to take a config that is slower warm
+        (session 19, H100: the batch-1 dim-contiguous update's flush-timed tie went to the
+        default, 2.9 us in a graph loop against 1.8 for the config it replaced)."""
+        time_warm = getattr(self.ev, "time_warm", None)
+        if len(tied) < 2 or time_warm is None:
+            return tied
+        rounds: dict[Variant, list[Timing]] = {v: [] for v in tied}
+        for _ in range(self.cfg.retime_rounds):
+            for v in list(rounds):
+                try:
+                    t = time_warm(v)
+                except CandidateError as exc:
+                    log.warning("cc1d-tune: finalist %s failed when timed warm: %s", v.key(), exc)
+                    del rounds[v]
+                    continue
+                if t is None:  # the timing is warm already: nothing to add
+                    return tied
+                rounds[v].append(t)
+        if not rounds:
+            return tied
+        med = {v: _middle([t.median_us for t in ts]) for v, ts in rounds.items()}
+        fastest = min(med, key=lambda v: (med[v], v.key()))
+        return [v for v in med if med[v] <= med[fastest] * (1 + self._tie_band(rounds, fastest, v))]
+
     def finalize(self) -> ShapeResult:
         res = ShapeResult(self.shape, self.arch, default=self.default)
         for o in self.known.values():
@@ -292,7 +320,7 @@ class ShapeSearch:
         noise = {v: _middle([t.spread for t in ts]) for v, ts in rounds.items()}
         fastest = min(med, key=lambda v: (med[v], v.key()))
         tied = [v for v in med if med[v] <= med[fastest] * (1 + self._tie_band(rounds, fastest, v))]
-        winner = min(tied, key=lambda v: simplicity(v, self.default))
+        winner = min(self._warm_ties(tied), key=lambda v: simplicity(v, self.default))
         res.winner, res.time_us, res.spread = winner, med[winner], noise[winner]
         if self.default in med:
             res.default_us = med[self.default]

@@ -27,14 +27,16 @@ class FakeEvaluator:
                  compile_fails: Callable[[Variant], bool] = lambda v: False,
                  launch_fails: Callable[[Variant], bool] = lambda v: False,
                  wrong: Callable[[Variant], bool] = lambda v: False,
-                 slow_factor: float | None = 1.5, sleep_s: float = 0.0, bytes_moved: int = 1 << 24) -> None:
-        self.times, self.spread = times, spread
+                 slow_factor: float | None = 1.5, sleep_s: float = 0.0, bytes_moved: int = 1 << 24,
+                 warm_times: Callable[[Variant], float] | None = None) -> None:
+        self.times, self.spread, self.warm_times = times, spread, warm_times
         self.compile_fails, self.launch_fails, self.wrong = compile_fails, launch_fails, wrong
         self.slow_factor, self.sleep_s, self.bytes_moved = slow_factor, sleep_s, bytes_moved
         self.lock = threading.Lock()
         self.compiled: list[str] = []
         self.timed: list[str] = []
         self.validated: list[str] = []
+        self.timed_warm: list[str] = []
 
     def compile(self, variant: Variant) -> None:
         with self.lock:
@@ -58,3 +60,11 @@ class FakeEvaluator:
         t = self.times(variant)
         slow = self.slow_factor is not None and best_us is not None and t > best_us * self.slow_factor
         return Timing(t, self.spread, 10 if slow else 200, early_exit=slow)
+
+    def time_warm(self, variant: Variant) -> Timing | None:
+        """None without warm_times: a problem whose time() is warm already."""
+        if self.warm_times is None:
+            return None
+        with self.lock:
+            self.timed_warm.append(variant.key())
+        return Timing(self.warm_times(variant), self.spread, 200)
