@@ -289,6 +289,8 @@ class ShapeSearch:
             return tied
         med = {v: _middle([t.median_us for t in ts]) for v, ts in rounds.items()}
         fastest = min(med, key=lambda v: (med[v], v.key()))
+        log.info("cc1d-tune: %s %s flush-timed ties timed warm: %s", self.family.key(), self.shape.key(),
+                 ", ".join(f"{v.key()} {med[v]:.3f} us" for v in sorted(med, key=med.get)))
         return [v for v in med if med[v] <= med[fastest] * (1 + self._tie_band(rounds, fastest, v))]
 
     def finalize(self) -> ShapeResult:
