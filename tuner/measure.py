@@ -32,6 +32,7 @@ class MeasureConfig:
     working_set_bytes: int = 256 << 20        # rotate inputs over at least this many bytes
     max_buffers: int = 64
     flush_bytes: int = 128 << 20              # the fill before each launch, where the problem asks (>= 2x L2)
+    flush_stages: tuple[int, ...] = (5, 20, 80)  # cumulative samples per stage when timed after fills
 
 
 def summarize(samples: Sequence[float]) -> tuple[float, float]:
@@ -145,8 +146,15 @@ class CudaTimer:
             return out
 
         # A sample already averages `calls` launches: as many launches per stage
-        # as single-launch samples would take, but never fewer than 5 samples.
-        stages = tuple(sorted({max(5, -(-n // calls)) for n in self.cfg.stages}))
+        # as single-launch samples would take, but never fewer than 5 samples. Not
+        # after fills: each sample there is a difference of two replays that take
+        # ~10x the candidate's time, so it carries their jitter (~10 % of the
+        # candidate's); 80 samples bring its median's error under 1 % (5 left the
+        # tuner's tie band at ~9 %, wide enough to tie a 3-5 % gap measured after a GEMM).
+        if fill is not None:
+            stages = self.cfg.flush_stages
+        else:
+            stages = tuple(sorted({max(5, -(-n // calls)) for n in self.cfg.stages}))
         try:
             return staged_timing(sample, best_us, dataclasses.replace(self.cfg, stages=stages))
         finally:

@@ -252,8 +252,8 @@ class ShapeSearch:
         of the medians' difference, or the rounds' own scatter (the median absolute
         deviation of their medians: drift between rounds, robust to one disturbed round),
         at least the floor. Not the samples' spread: flush-timed samples spread by ~10 %
-        while their medians of 200 differ by well under 1 % (measured on the H100: a
-        spread-wide band made a 0.3 us gap at 3.6 us a tie, and the simpler, slower config won)."""
+        while the median of 80 of them has a standard error near 1 % (measured on the H100:
+        a spread-wide band made a 0.3 us gap at 3.6 us a tie, and the simpler, slower config won)."""
         def err(u: Variant) -> float:
             return _middle([median_error(t) for t in rounds[u]])
 
