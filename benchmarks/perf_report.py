@@ -3,9 +3,11 @@
     python benchmarks/perf_report.py --fwd bench_fwd.json --bwd bench_bwd.json \
         [--update bench_update.json] [--overhead bench_overhead.json] [--out docs]
 
-Every number in the page comes from those files (one benchmark run on one
-device); the peers' columns are filled only where the peer ran in that same run.
-ANCHORS.md's own peer measurements are quoted beside them, marked as such.
+Every number in the page comes from those files. Each file is one benchmark run,
+and its percentages are of the copy measured in that run: each table names its
+runs' devices and copy figures. The peers' columns are filled only where the peer
+ran in the same run; ANCHORS.md's own peer measurements are quoted beside them,
+marked as such.
 """
 from __future__ import annotations
 
@@ -57,6 +59,14 @@ def rows_of(fwd: dict | None, bwd: dict | None) -> list[dict]:
                             anchor_pct=ANCHOR_PEER_PCT.get(key) if r["x"] == r["w"] else None,
                             torch_frac=r.get("torch_frac")))
     return out
+
+
+def run_line(what: str, res: dict | None) -> str:
+    """Which run a table's numbers come from: its device and the copy its % are of."""
+    if not res:
+        return ""
+    copy = f", copy {res['copy_gbps']:.0f} GB/s" if res.get("copy_gbps") else ""
+    return f"{what}: one run on {res.get('device', '?')}{copy}."
 
 
 def table(rows: list[dict]) -> list[str]:
@@ -166,12 +176,13 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = rows_of(fwd, bwd)
-    ref = fwd or bwd or {}
+    devices = " and ".join(sorted({r.get("device", "?") for r in (fwd, bwd, upd, vl, ovh) if r})) or "?"
     peer_ran = any(r["peer_us"] for r in rows)
     text = ["# Performance", "",
-            f"Measured by `benchmarks/` on {ref.get('device', '?')}: device time per call inside a CUDA "
+            f"Measured by `benchmarks/` on {devices}: device time per call inside a CUDA "
             f"graph, inputs rotated over more than the L2, bandwidth as a fraction of a device-to-device "
-            f"copy measured in the same run ({ref.get('copy_gbps', 0):.0f} GB/s). cc1d runs through the "
+            f"copy measured in the same run (each table names its runs and their copy figures; the tables "
+            f"may come from different runs). cc1d runs through the "
             f"dispatch users get (the shipped tuning DB, else the default kernels). Written by "
             f"`python benchmarks/perf_report.py` from the JSON the benchmarks wrote; the commands are at "
             f"the end.", "",
@@ -179,18 +190,21 @@ def main(argv: list[str] | None = None) -> None:
              "Dao-AILab causal-conv1d was not installed in this run: the peer columns of the same run are "
              "empty, and ANCHORS.md's own measurement is quoted for reference."), "",
             "![% of copy per case](performance.png)", "", "## Forward and backward", ""]
-    text += table(rows)
+    runs = " ".join(filter(None, (run_line("Forward", fwd), run_line("Backward", bwd))))
+    text += ([runs, ""] if runs else []) + table(rows)
     if pr:
         text += ["", f"## Side by side with causal-conv1d (another run: {pr.get('device', '?')}, copy "
                  f"{pr.get('copy_gbps', 0):.0f} GB/s)", "",
                  "The peer (causal-conv1d 1.6.1, built from its sdist for sm_90) was installed in this run only; "
                  "both were timed in it, so the ratio is a same-run ratio.", ""] + table(rows_of(pr, None))
     if upd:
-        text += ["", "## Decode update (dim 5120, width 4, bf16, bias, SiLU)", ""] + update_table(upd)
+        text += ["", "## Decode update (dim 5120, width 4, bf16, bias, SiLU)", "", run_line("Decode update", upd),
+                 ""] + update_table(upd)
     if vl:
-        text += ["", "## Varlen prefill (dim 5120, width 4, bf16)", ""] + varlen_table(vl)
+        text += ["", "## Varlen prefill (dim 5120, width 4, bf16)", "", run_line("Varlen", vl),
+                 ""] + varlen_table(vl)
     if ovh:
-        text += ["", "## Host overhead", ""] + overhead_table(ovh)
+        text += ["", "## Host overhead", "", run_line("Host overhead", ovh), ""] + overhead_table(ovh)
     text += ["", "## Commands", "", "```",
              "python benchmarks/bench_fwd.py --out bench_fwd.json",
              "python benchmarks/bench_bwd.py --out bench_bwd.json",

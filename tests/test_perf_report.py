@@ -1,0 +1,48 @@
+"""benchmarks/perf_report.py names, for each table, the run its numbers come from: each
+benchmark JSON is its own run with its own copy measurement."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "perf_report.py"
+spec = importlib.util.spec_from_file_location("cc1d_perf_report", SCRIPT)
+report = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(report)
+
+
+def _write(path: Path, data: dict) -> str:
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def _fwd_row(us: float, frac: float) -> dict:
+    return dict(layout="cf", x="bf16", w="bf16", width=4, shape=[8, 5120, 2048], cc1d_us=us, cc1d_frac=frac)
+
+
+def test_each_table_names_its_runs_copy(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "plot", lambda rows, path: None)  # no matplotlib needed
+    fwd = _write(tmp_path / "fwd.json", dict(device="GPU A", copy_gbps=2991.8, rows=[_fwd_row(114.1, 0.98)]))
+    bwd_row = dict(_fwd_row(0, 0), bwd_us=184.5, bwd_frac=0.91)
+    bwd = _write(tmp_path / "bwd.json", dict(device="GPU A", copy_gbps=3001.6, rows=[bwd_row]))
+    upd = _write(tmp_path / "upd.json", dict(device="GPU B", copy_gbps=2997.4, rows=[
+        dict(batch=256, layout="cl", indices=False, cc1d_us=10.1, cc1d_frac=0.69)]))
+    report.main(["--fwd", fwd, "--bwd", bwd, "--update", upd, "--out", str(tmp_path / "out")])
+    page = (tmp_path / "out" / "PERFORMANCE.md").read_text()
+    assert "on GPU A and GPU B:" in page
+    assert "Forward: one run on GPU A, copy 2992 GB/s. Backward: one run on GPU A, copy 3002 GB/s." in page
+    assert "Decode update: one run on GPU B, copy 2997 GB/s." in page
+    # one copy figure for the whole page would misstate the other runs' percentages
+    assert "same run (2992 GB/s)" not in page
+    assert "| fwd channel-first bf16 w4 (8, 5120, 2048) | 114.1 | 98 % |" in page
+    assert "| bwd channel-first bf16 w4 (8, 5120, 2048) | 184.5 | 91 % |" in page
+
+
+def test_a_run_without_a_copy_figure_says_only_its_device(tmp_path):
+    ovh = _write(tmp_path / "ovh.json", dict(device="GPU A", rows=[dict(path="cc1d.causal_conv1d_fn", layout="cf",
+                                                                         host_us=11.1, device_us=2.5)]))
+    report.main(["--overhead", ovh, "--out", str(tmp_path / "out")])
+    page = (tmp_path / "out" / "PERFORMANCE.md").read_text()
+    assert "Host overhead: one run on GPU A." in page
+    assert "| cc1d.causal_conv1d_fn | cf | 11.1 | 2.5 |" in page
