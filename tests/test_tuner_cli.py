@@ -54,11 +54,23 @@ def test_no_gpu_errors(shapes, capsys):
 def test_argument_errors(shapes, tmp_path, capsys):
     assert "expected an NVIDIA target" in run(["--arch", "h100", "--shapes", shapes], capsys)[2]
     assert "--trials: expected a positive number" in run(["--trials", "0", "--shapes", shapes], capsys)[2]
+    assert "--compile-workers: expected a positive number, got 0" in \
+        run(["--compile-workers", "0", "--shapes", shapes], capsys)[2]
     assert "cannot read the shapes file" in run(["--shapes", tmp_path / "none.yaml"], capsys)[2]
     code, _, err = run(["--ops", "bwd", "--shapes", shapes, "--arch", "sm_90", "--compile-only"], capsys)
     assert code == 2 and "--ops bwd: no shape" in err
     with pytest.raises(SystemExit):
         main(["--workers", "2", "--storage", "x", "--shapes", str(shapes)])
+
+
+def test_default_compile_workers_share_half_the_cpus(monkeypatch):
+    from cc1d.tuner.cli import default_compile_workers
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert (default_compile_workers(1), default_compile_workers(2), default_compile_workers(8)) == (8, 4, 1)
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    assert default_compile_workers(1) == 8
+    monkeypatch.setattr("os.cpu_count", lambda: None)
+    assert default_compile_workers(1) == 1
 
 
 def test_resolve_arch():

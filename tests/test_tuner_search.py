@@ -72,6 +72,20 @@ def test_sampler_choice_and_trial_cap(db):
     assert res.winner is not None and res.counts.get("ok", 0) + res.counts.get("slow", 0) == 8
 
 
+@pytest.mark.parametrize("workers", [1, 4])
+def test_compile_threads_compile_candidates_side_by_side(db, workers):
+    """With N compile threads, N candidates compile at once ahead of the one being timed
+    (slow compiles no longer leave the GPU idle), and every candidate compiled is still
+    validated, timed and recorded once."""
+    ev = FakeEvaluator(compile_s=0.15)
+    res = tune_shape(CL, ARCH, ev, db, SearchConfig(trials=8, compile_workers=workers))
+    assert ev.most_compiling == workers
+    assert len(ev.compiled) == len(set(ev.compiled)) == 8
+    assert sorted(set(ev.timed)) == sorted(ev.compiled) == sorted(ev.validated)
+    assert sum(r["status"] in ("ok", "slow") for r in statuses(db, CL).values()) == 8
+    assert res.winner is not None
+
+
 def test_tpe_is_deterministic_with_its_seed(tmp_path):
     runs = []
     for k in range(2):

@@ -46,6 +46,9 @@ def tune_parser() -> argparse.ArgumentParser:
                    help="tuning DBs whose winners for each shape are tried first, right after the default "
                         "(timed like any candidate; e.g. the shipped DB when re-tuning: the search then "
                         "cannot miss a config it already knew)")
+    p.add_argument("--compile-workers", type=int, default=None, metavar="N",
+                   help="threads compiling candidates ahead of the one being timed (default: half the "
+                        "CPUs, at most 8, shared among --workers)")
     dist = p.add_mutually_exclusive_group()
     dist.add_argument("--workers", type=int, default=1, help="processes, one per local GPU, on one study")
     dist.add_argument("--storage", help="Optuna storage shared by several hosts: a journal file path "
@@ -106,6 +109,11 @@ def _shapes(args: argparse.Namespace) -> list[Shape]:
         if not shapes:
             raise UsageError(f"--ops {args.ops}: no shape in {args.shapes} has one of these ops")
     return shapes
+
+
+def default_compile_workers(processes: int) -> int:
+    """Compile threads per tuning process: half the CPUs over the processes, 1 to 8."""
+    return max(1, min(8, (os.cpu_count() or 1) // (2 * processes)))
 
 
 def resolve_arch(arch: str, device: DeviceInfo | None, compile_only: bool) -> str:
@@ -204,7 +212,8 @@ def _spawn_workers(args: argparse.Namespace, argv: Sequence[str], n: int, db_pat
         # -P: a cc1d/ folder in the working directory must not shadow the installed package
         safe_path = ["-P"] if sys.version_info >= (3, 11) else []
         cmd = [sys.executable, *safe_path, "-m", "cc1d.tuner", *cleaned, "--storage", storage, "--worker",
-               "--db", str(db_path), "--seed", str(args.seed + k)]
+               "--db", str(db_path), "--seed", str(args.seed + k),
+               "--compile-workers", str(args.compile_workers)]  # the parent's share, not the child's own
         procs.append(subprocess.Popen(cmd, env=env))
     codes = [p.wait() for p in procs]
     if any(codes):
@@ -227,11 +236,13 @@ def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], Devi
     from .search import SearchConfig, start_configs, tune_shape
     from tqdm import tqdm
 
+    if args.compile_workers is None:
+        args.compile_workers = default_compile_workers(args.workers)
     if args.workers > 1 and not args.worker:
         args.storage = _spawn_workers(args, argv, args.workers, db_path)
         args.resume = True  # the parent picks up what the workers measured and finalizes
     cfg = SearchConfig(trials=args.trials or DEFAULT_TRIALS, budget_s=args.budget_s, seed=args.seed,
-                       resume=args.resume, finalize=not args.worker)
+                       resume=args.resume, finalize=not args.worker, compile_workers=args.compile_workers)
     storage = _storage(args.storage)
     env = environment(device, rt, arch)
     copy_bw = copy_bandwidth()
@@ -380,6 +391,8 @@ def main(argv: Sequence[str] | None = None, *,
             raise UsageError(f"--trials: expected a positive number, got {args.trials}")
         if args.workers < 1:
             raise UsageError(f"--workers: expected a positive number, got {args.workers}")
+        if args.compile_workers is not None and args.compile_workers < 1:
+            raise UsageError(f"--compile-workers: expected a positive number, got {args.compile_workers}")
         for path in args.start_from:
             if not Path(path).is_file():
                 raise UsageError(f"--start-from: expected tuning DB files, got {path!r} (no such file)")

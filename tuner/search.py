@@ -3,7 +3,8 @@
 The default variant goes first; invalid configs and failing candidates are
 pruned with their reason and recorded; small spaces are enumerated with
 BruteForceSampler, larger ones sampled with a seeded TPE. Candidates compile
-on a worker thread while the device validates and times earlier ones. At the
+on worker threads (SearchConfig.compile_workers, side by side) while the device
+validates and times earlier ones. At the
 end the finalists are re-timed together; near-ties within the noise are timed
 warm where the timing flushes the L2 (the decode update), and those that still
 tie go to the default, then to the variant closest to it.
@@ -40,7 +41,10 @@ class SearchConfig:
     trials: int = 64              # cap on candidates that pass the static checks (compiled or not)
     budget_s: float | None = None  # wall-clock cap per shape (trials already started finish)
     seed: int = 0
-    compile_ahead: int = 2        # candidates compiled ahead of the one being timed
+    compile_ahead: int = 2        # candidates compiled ahead of the one being timed (at least
+                                  # compile_workers, so every compile thread has one)
+    compile_workers: int = 1      # threads compiling candidates (NVRTC compiles in parallel; one
+                                  # update kernel takes seconds, so one thread left the GPU idle)
     finalists: int = 3            # best candidates re-timed beside the default at the end
     retime_rounds: int = 3
     tie_tolerance: float = 0.005  # near-tie floor when the measured spread is smaller
@@ -195,10 +199,11 @@ class ShapeSearch:
         pending: deque[tuple[Any, Variant, Future]] = deque()
         pending_keys: set[str] = set()
         asks = 0
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cc1d-compile") as pool:
+        ahead = max(self.cfg.compile_ahead, self.cfg.compile_workers)
+        with ThreadPoolExecutor(max_workers=self.cfg.compile_workers, thread_name_prefix="cc1d-compile") as pool:
             while True:
                 out_of_budget = self.cfg.budget_s is not None and time.monotonic() - start > self.cfg.budget_s
-                while (not out_of_budget and len(pending) < 1 + self.cfg.compile_ahead
+                while (not out_of_budget and len(pending) < 1 + ahead
                        and self._attempted() + len(pending) < self.cfg.trials
                        and len(self.known) + len(pending) < self.space_size
                        and asks < 20 * self.space_size):

@@ -28,11 +28,14 @@ class FakeEvaluator:
                  launch_fails: Callable[[Variant], bool] = lambda v: False,
                  wrong: Callable[[Variant], bool] = lambda v: False,
                  slow_factor: float | None = 1.5, sleep_s: float = 0.0, bytes_moved: int = 1 << 24,
-                 warm_times: Callable[[Variant], float] | None = None) -> None:
+                 warm_times: Callable[[Variant], float] | None = None, compile_s: float = 0.0) -> None:
         self.times, self.spread, self.warm_times = times, spread, warm_times
         self.compile_fails, self.launch_fails, self.wrong = compile_fails, launch_fails, wrong
         self.slow_factor, self.sleep_s, self.bytes_moved = slow_factor, sleep_s, bytes_moved
+        self.compile_s = compile_s  # how long a compile takes (on the search's compile threads)
         self.lock = threading.Lock()
+        self.compiling = 0            # compiles running now, and the most at once
+        self.most_compiling = 0
         self.compiled: list[str] = []
         self.timed: list[str] = []
         self.validated: list[str] = []
@@ -41,6 +44,12 @@ class FakeEvaluator:
     def compile(self, variant: Variant) -> None:
         with self.lock:
             self.compiled.append(variant.key())
+            self.compiling += 1
+            self.most_compiling = max(self.most_compiling, self.compiling)
+        if self.compile_s:
+            time.sleep(self.compile_s)
+        with self.lock:
+            self.compiling -= 1
         if self.compile_fails(variant):
             raise CandidateError("compile_error", f"fake compiler rejects {variant.key()}")
 
