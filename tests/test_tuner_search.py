@@ -209,6 +209,18 @@ def test_budget_stops_the_search(db):
     assert 1 <= len(ev.compiled) < 20 and res.winner is not None
 
 
+def test_a_spent_budget_drops_the_candidates_compiled_ahead(db):
+    """Past the budget the candidate being timed finishes and those compiled ahead are
+    dropped: nothing of them is recorded (so --resume tries them again), and the study
+    hears they failed."""
+    ev = FakeEvaluator(compile_s=0.2)
+    res = tune_shape(CL, ARCH, ev, db, SearchConfig(trials=64, budget_s=0.3, compile_workers=4))
+    timed = set(ev.timed)
+    rows = {k: r for k, r in statuses(db, CL).items() if r["status"] != "invalid"}
+    assert res.winner is not None and set(rows) == timed
+    assert len(ev.compiled) > len(timed)  # compiled ahead, never timed
+
+
 def test_no_valid_candidate_gives_no_winner(db):
     res = tune_shape(CF, ARCH, FakeEvaluator(wrong=lambda v: True), db, SearchConfig(trials=5))
     assert res.winner is None and "no candidate passed validation" in res.note

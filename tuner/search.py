@@ -39,7 +39,8 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 @dataclass(frozen=True)
 class SearchConfig:
     trials: int = 64              # cap on candidates that pass the static checks (compiled or not)
-    budget_s: float | None = None  # wall-clock cap per shape (trials already started finish)
+    budget_s: float | None = None  # wall-clock cap per shape (the candidate being timed finishes;
+                                   # those compiled ahead are dropped, to be tried again by --resume)
     seed: int = 0
     compile_ahead: int = 2        # candidates compiled ahead of the one being timed (at least
                                   # compile_workers, so every compile thread has one)
@@ -179,7 +180,8 @@ class ShapeSearch:
         """Candidates that count against --trials: all but statically invalid ones, over all workers."""
         if self.shared:
             keys = {self._variant(t.params).key() for t in self.study.get_trials(deepcopy=False)
-                    if t.user_attrs.get("status", "running") != "invalid" and len(t.params) == len(self.dists)}
+                    if t.user_attrs.get("status", "running") not in ("invalid", "abandoned")
+                    and len(t.params) == len(self.dists)}
             keys |= {k for k, o in self.known.items() if o.status != "invalid"}
             return len(keys)
         return sum(o.status != "invalid" for o in self.known.values())
@@ -200,9 +202,13 @@ class ShapeSearch:
         pending_keys: set[str] = set()
         asks = 0
         ahead = max(self.cfg.compile_ahead, self.cfg.compile_workers)
-        with ThreadPoolExecutor(max_workers=self.cfg.compile_workers, thread_name_prefix="cc1d-compile") as pool:
+        pool = ThreadPoolExecutor(max_workers=self.cfg.compile_workers, thread_name_prefix="cc1d-compile")
+        try:
             while True:
                 out_of_budget = self.cfg.budget_s is not None and time.monotonic() - start > self.cfg.budget_s
+                if out_of_budget and pending:
+                    self._abandon(pending)
+                    break
                 while (not out_of_budget and len(pending) < 1 + ahead
                        and self._attempted() + len(pending) < self.cfg.trials
                        and len(self.known) + len(pending) < self.space_size
@@ -236,6 +242,21 @@ class ShapeSearch:
                 if o.status == "ok" and (best is None or o.time_us < best):
                     best = o.time_us
                 self._record(trial, o)
+        finally:
+            # Compiles already running finish on their own (their binaries land in the
+            # compile cache); the search does not wait for them.
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _abandon(self, pending: deque) -> None:
+        """The budget is spent: candidates compiled ahead are not timed. The study hears
+        they failed (nothing measured, nothing in the DB: --resume tries them again)."""
+        for trial, v, fut in pending:
+            fut.cancel()
+            trial.set_user_attr("status", "abandoned")
+            self.study.tell(trial, state=TrialState.FAIL)
+        log.info("cc1d-tune: %s %s budget spent; %d candidates compiled ahead not timed",
+                 self.family.key(), self.shape.key(), len(pending))
+        pending.clear()
 
     def _evaluate(self, v: Variant, compiled: Future, best: float | None) -> Outcome:
         try:
