@@ -86,6 +86,16 @@ def test_candidate_errors_cross_the_process_boundary():
         assert ev.time(v, None).median_us > 0 and ev.restarts == 0
 
 
+def test_warm_timing_crosses_the_process_boundary():
+    """--isolate: the warm tie-break timing runs in the worker too (None where the
+    problem's timing is warm already)."""
+    v = next(iter(variants(CF.family())))
+    with IsolatedEvaluator(lambda: FakeEvaluator(warm_times=lambda x: 4.5), context="fork") as ev:
+        assert ev.time_warm(v).median_us == 4.5
+    with IsolatedEvaluator(FakeEvaluator, context="fork") as ev:
+        assert ev.time_warm(v) is None and ev.restarts == 0
+
+
 def test_compile_errors_are_recorded_not_fatal(tmp_path):
     order = order_of_candidates(tmp_path, 6)
     bad = set(order[1:3])

@@ -144,6 +144,9 @@ class IsolatedEvaluator:
     def time(self, variant: Variant, best_us: float | None) -> Timing:
         return self._call("time", variant, best_us)
 
+    def time_warm(self, variant: Variant) -> Optional[Timing]:
+        return self._call("time_warm", variant)
+
 
 def gpu_evaluator(shape: Any, target: str) -> Any:
     """Factory for the child (picklable: a module-level function of plain data)."""

@@ -296,14 +296,13 @@ class ShapeSearch:
         finalists. A tie after a flush is no reason to take a config that is slower warm
         (session 19, H100: the batch-1 dim-contiguous update's flush-timed tie went to the
         default, 2.9 us in a graph loop against 1.8 for the config it replaced)."""
-        time_warm = getattr(self.ev, "time_warm", None)
-        if len(tied) < 2 or time_warm is None:
+        if len(tied) < 2:
             return tied
         rounds: dict[Variant, list[Timing]] = {v: [] for v in tied}
         for _ in range(self.cfg.retime_rounds):
             for v in list(rounds):
                 try:
-                    t = time_warm(v)
+                    t = self.ev.time_warm(v)
                 except CandidateError as exc:
                     log.warning("cc1d-tune: finalist %s failed when timed warm: %s", v.key(), exc)
                     del rounds[v]
