@@ -4,10 +4,10 @@ The default variant goes first; invalid configs and failing candidates are
 pruned with their reason and recorded; small spaces are enumerated with
 BruteForceSampler, larger ones sampled with a seeded TPE. Candidates compile
 on worker threads (SearchConfig.compile_workers, side by side) while the device
-validates and times earlier ones. At the
-end the finalists are re-timed together; near-ties within the noise are timed
-warm where the timing flushes the L2 (the decode update), and those that still
-tie go to the default, then to the variant closest to it.
+validates and times earlier ones. At the end the finalists are re-timed
+together; near-ties within the noise are timed warm where the timing flushes
+the L2 (the decode update), and those that still tie go to the default, then to
+the variant closest to it.
 """
 from __future__ import annotations
 
@@ -250,8 +250,7 @@ class ShapeSearch:
     def _abandon(self, pending: deque) -> None:
         """The budget is spent: candidates compiled ahead are not timed. The study hears
         they failed (nothing measured, nothing in the DB: --resume tries them again)."""
-        for trial, v, fut in pending:
-            fut.cancel()
+        for trial, _, _ in pending:  # their compiles not yet started are cancelled with the pool
             trial.set_user_attr("status", "abandoned")
             self.study.tell(trial, state=TrialState.FAIL)
         log.info("cc1d-tune: %s %s budget spent; %d candidates compiled ahead not timed",
@@ -290,6 +289,13 @@ class ShapeSearch:
 
         return max(self.cfg.tie_tolerance, 2 * math.hypot(err(fastest), err(v)), scatter(fastest), scatter(v))
 
+    def _ties(self, rounds: dict[Variant, list[Timing]]) -> tuple[dict[Variant, float], list[Variant]]:
+        """Each variant's time (the median of its rounds' medians) and those that tie
+        with the fastest."""
+        med = {v: _middle([t.median_us for t in ts]) for v, ts in rounds.items()}
+        fastest = min(med, key=lambda v: (med[v], v.key()))
+        return med, [v for v in med if med[v] <= med[fastest] * (1 + self._tie_band(rounds, fastest, v))]
+
     def _warm_ties(self, tied: list[Variant]) -> list[Variant]:
         """Of finalists that tie under a timing that flushes the L2 before each launch, those
         that also tie timed warm (back to back), re-timed in interleaved rounds like the
@@ -312,11 +318,10 @@ class ShapeSearch:
                 rounds[v].append(t)
         if not rounds:
             return tied
-        med = {v: _middle([t.median_us for t in ts]) for v, ts in rounds.items()}
-        fastest = min(med, key=lambda v: (med[v], v.key()))
+        med, still_tied = self._ties(rounds)
         log.info("cc1d-tune: %s %s flush-timed ties timed warm: %s", self.family.key(), self.shape.key(),
                  ", ".join(f"{v.key()} {med[v]:.3f} us" for v in sorted(med, key=med.get)))
-        return [v for v in med if med[v] <= med[fastest] * (1 + self._tie_band(rounds, fastest, v))]
+        return still_tied
 
     def finalize(self) -> ShapeResult:
         res = ShapeResult(self.shape, self.arch, default=self.default)
@@ -343,10 +348,8 @@ class ShapeSearch:
         if not rounds:
             res.note = "every finalist failed when re-timed"
             return res
-        med = {v: _middle([t.median_us for t in ts]) for v, ts in rounds.items()}
+        med, tied = self._ties(rounds)
         noise = {v: _middle([t.spread for t in ts]) for v, ts in rounds.items()}
-        fastest = min(med, key=lambda v: (med[v], v.key()))
-        tied = [v for v in med if med[v] <= med[fastest] * (1 + self._tie_band(rounds, fastest, v))]
         winner = min(self._warm_ties(tied), key=lambda v: simplicity(v, self.default))
         res.winner, res.time_us, res.spread = winner, med[winner], noise[winner]
         if self.default in med:
