@@ -218,6 +218,26 @@ def test_pool_with_repeated_and_out_of_order_indices(layout, seqlen, state_len):
 
 
 @pytest.mark.parametrize("layout", ["cf", "cl"])
+@pytest.mark.parametrize("batch", [1024, 1025, 2100])
+def test_pool_on_both_sides_of_the_blocks_shared_index_copy(layout, batch):
+    """The batched decode step copies up to 1024 indices into shared memory for the slots
+    and the repeated-slot scan; larger batches read conv_state_indices directly. Repeated
+    slots (one named three times, far apart), padded rows and out-of-order slots."""
+    pool = batch + 40
+    x, state, w, b = make(batch, 72, 1, 3, 4, "bf16", "f32", layout=layout, pool=pool, seed=batch)
+    idx = torch.randperm(pool, device=DEV)[:batch].to(torch.int32)
+    idx[batch - 1] = idx[0]
+    idx[batch // 2] = idx[0]
+    idx[5] = -1
+    idx[batch - 7] = -1
+    s0 = state.clone()
+    out = check(x, state, w, b, activation="silu", conv_state_indices=idx)
+    assert torch.equal(out[5], torch.zeros_like(out[5]))
+    unnamed = sorted(set(range(pool)) - set(idx.tolist()))
+    assert torch.equal(_bits(state[unnamed]), _bits(s0[unnamed]))
+
+
+@pytest.mark.parametrize("layout", ["cf", "cl"])
 @pytest.mark.parametrize("batch", [1, 16, 64, 256])
 def test_tuned_decode_shapes_with_a_pool(layout, batch):
     """The shipped DB's update shapes, where calls with conv_state_indices have winners of

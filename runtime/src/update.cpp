@@ -33,14 +33,24 @@ std::shared_ptr<const Decision> decide_for(const UpdArgs& args, const std::strin
   return decide(upd_call(args, layout), arch_id_for(arch, args.p.x));
 }
 
+// The update kernel copies conv_state_indices into dynamic shared memory when there are
+// 2 to kUpdIndexCopy of them (upd.cu.j2: UPD_IDX_COPY, the same number): the launch
+// gives it 4 bytes per index then, and none otherwise.
+constexpr int64_t kUpdIndexCopy = 1024;
+
+unsigned upd_index_copy_bytes(const UpdParams& p) {
+  const bool copied = p.conv_state_indices != nullptr && p.batch > 1 && p.batch <= kUpdIndexCopy;
+  return copied ? unsigned(p.batch) * unsigned(sizeof(int32_t)) : 0u;
+}
+
 void launch_on(const Location& l, const KernelVariant& v, const Functions& f, const UpdArgs& a) {
   Backend* backend = l.backend;
   const Dim3 max = backend->max_grid(l.device);
   // tile_d channels and tile_l batch rows per block.
   const Dim3 grid{grid_dim(a.p.dim, v.tile_d, max.x), grid_dim(a.p.batch, v.tile_l, max.y), 1};
   UpdParams params = a.p;
-  backend->launch(f.kernel, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), a.stream, &params,
-                  sizeof params, f.waits_for_previous);
+  backend->launch(f.kernel, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes) + upd_index_copy_bytes(a.p),
+                  a.stream, &params, sizeof params, f.waits_for_previous);
 }
 
 }  // namespace
