@@ -3,6 +3,7 @@ timings): Optuna, pruning with reasons, tie-breaking, DB writes, budget, resume
 after SIGKILL, and a study shared by two processes through a journal."""
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -266,6 +267,25 @@ def test_start_from_tries_other_dbs_winners_first(db, tmp_path):
     assert res.winner == fastest                          # timed here, and it wins on its time
     assert db.winner(ARCH, CF.family().key(), CF.key())["time_us"] == pytest.approx(fake_time_us(fastest),
                                                                                      rel=0.05)
+
+
+def test_start_from_tries_a_winner_whose_source_the_templates_changed(db, tmp_path):
+    """The usual re-tune follows a template change: the old winners' sources no longer
+    render, but their configs still name today's kernels and are tried first; a config
+    that has left the space is not."""
+    valid = list(variants(CF.family(), arch_info(ARCH)))
+    default = default_variant(CF.family())
+    fastest = min(valid, key=fake_time_us)
+    with TuningDB(tmp_path / "old.db") as old, TuningDB(tmp_path / "gone.db") as gone:
+        _store_winner(old, CF, fastest)
+        old.conn.execute("UPDATE winners SET source_hash = ?", ("0" * 64,))
+        _store_winner(gone, CF, default)
+        gone.conn.execute("UPDATE winners SET config = ?", (json.dumps({**default.params, "no_such_param": 1}),))
+        starts = start_configs(CF, ARCH, [old, gone])
+    assert starts == [fastest.params]
+    ev = FakeEvaluator()
+    tune_shape(CF, ARCH, ev, db, SearchConfig(trials=3), start_configs=starts)
+    assert ev.compiled[:2] == [default.key(), fastest.key()]
 
 
 def test_resume_retunes_a_winner_the_templates_no_longer_render(db):

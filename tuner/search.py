@@ -402,16 +402,23 @@ def is_current(shape: Shape, row: dict) -> bool:
 
 
 def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB]) -> list[dict]:
-    """The configs of these DBs' winners for the shape that still render to the source they
-    were timed with: candidates a re-tune tries first, timed like any other. A winner found
+    """The configs of these DBs' winners for the shape that this generator can still build
+    for the arch: candidates a re-tune tries first, timed like any other. A winner found
     under another timing method (or on another device) then cannot be missed by the search,
-    and it is kept only if it wins again."""
+    and it is kept only if it wins again. A winner whose source the templates have changed
+    since counts too (the usual reason to re-tune): its config renders to today's kernel,
+    which is what gets timed. Winners of another generator epoch do not (their params may
+    mean something else)."""
     out = []
     for db in dbs:
         row = db.winner(arch, shape.family().key(), shape.key())
-        if row is not None and is_current(shape, row):
+        if row is not None and row["epoch"] == EPOCH:
             cfg = json.loads(row["config"])
-            if cfg not in out:
+            try:
+                usable = Variant.of(shape.family(), **cfg).why_invalid(arch) is None
+            except (TypeError, ValueError, KeyError):
+                usable = False  # the config is no longer in the space
+            if usable and cfg not in out:
                 out.append(cfg)
     return out
 
