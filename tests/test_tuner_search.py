@@ -288,6 +288,19 @@ def test_start_from_tries_a_winner_whose_source_the_templates_changed(db, tmp_pa
     assert ev.compiled[:2] == [default.key(), fastest.key()]
 
 
+def test_report_names_each_winners_source_hash_and_epoch(db, tmp_path):
+    """The JSON report is a record of the run: each winner's config, source hash and
+    generator epoch, as the DB stores them."""
+    from cc1d.generator import EPOCH
+    from cc1d.tuner.report import write_report
+    res = tune_shape(CF, ARCH, FakeEvaluator(), db, SearchConfig(trials=4))
+    write_report(tmp_path / "r.json", [res], arch=ARCH)
+    (entry,) = json.loads((tmp_path / "r.json").read_text())["results"]
+    (row,) = db.winners()
+    assert entry["source_hash"] == row["source_hash"] == res.winner.hash()
+    assert entry["epoch"] == row["epoch"] == EPOCH and entry["config"] == json.loads(row["config"])
+
+
 def test_resume_retunes_a_winner_the_templates_no_longer_render(db):
     """After a template change a stored winner names another kernel: --resume tunes
     the shape again, replaying none of the old trials (they timed other sources)."""

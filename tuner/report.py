@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..generator import EPOCH
 from .search import ShapeResult
 
 
@@ -26,8 +27,12 @@ def table(results: Iterable[ShapeResult]) -> str:
 
 
 def result_dict(r: ShapeResult) -> dict[str, Any]:
+    # The winner's source hash and generator epoch make the report a record one can check a
+    # DB against, or store the winners from where the run's DB was lost (the source renders
+    # from the config by templates whose output has that hash).
     return dict(family=r.shape.family().key(), shape=r.shape.key(), name=r.shape.name, arch=r.arch,
                 winner=r.winner.key() if r.winner else None, config=r.winner.params if r.winner else None,
+                source_hash=r.winner.hash() if r.winner else None, epoch=EPOCH,
                 time_us=r.time_us, spread=r.spread, default_us=r.default_us, speedup=r.speedup,
                 copy_fraction=r.copy_fraction, counts=r.counts, resumed=r.resumed, note=r.note)
 
