@@ -232,3 +232,47 @@ def test_varlen_lengths_pack_the_tokens():
         lens = varlen_lengths(n, total)
         assert len(lens) == n and sum(lens) == total and min(lens) >= 0
         assert lens == varlen_lengths(n, total)  # a function of the shape
+
+
+def _report_of_a_run(shapes, tmp_path):
+    """A tuner run (fake evaluator) over `shapes` into run.db, and its --report JSON."""
+    from cc1d.tuner.report import write_report
+    from cc1d.tuner.search import SearchConfig, tune_shape
+    from cc1d.tuner.shapes import load_shapes
+    from cc1d.tuner.testing import FakeEvaluator
+    with TuningDB(tmp_path / "run.db") as db:
+        results = [tune_shape(s, "sm_90", FakeEvaluator(), db, SearchConfig(trials=4), environment={"device": "x"})
+                   for s in load_shapes(shapes)]
+        stored = db.winners()
+    write_report(tmp_path / "r.json", results, arch="sm_90", environment={"device": "x"})
+    return tmp_path / "r.json", stored
+
+
+def test_import_report_stores_the_runs_winners_with_their_sources(shapes, tmp_path, capsys):
+    report, stored = _report_of_a_run(shapes, tmp_path)
+    code, out, _ = run(["db", "import-report", report, "--shapes", shapes, "--db", tmp_path / "new.db"], capsys)
+    assert code == 0 and "stored 1 winners" in out
+    with TuningDB(tmp_path / "new.db", readonly=True) as db:
+        (got,), (want,) = db.winners(), stored
+        for k in ("variant_key", "config", "source_hash", "time_us", "default_us", "spread", "features", "batch"):
+            assert got[k] == want[k], k
+        assert db.source(got["source_hash"]) is not None and db.validate() == []
+
+
+@pytest.mark.parametrize("tamper, words", [
+    (lambda e: e.update(source_hash="0" * 64), "the templates changed since the run"),
+    (lambda e: e.pop("source_hash"), "cannot be checked"),
+    (lambda e: e.update(epoch=-1), "generator epoch -1"),
+    (lambda e: e.update(shape="b9.d9.l9.bias.silu"), "not a shape of the given shapes file"),
+    (lambda e: e["config"].update(no_such_param=1), "is not in the space"),
+    (lambda e: e["config"].update(threads=7), "is not valid for sm_90"),
+    (lambda e: e.update(winner="fwd.cf.other"), "its winner is fwd.cf.other"),
+])
+def test_import_report_refuses_what_it_cannot_check_and_writes_nothing(shapes, tmp_path, capsys, tamper, words):
+    report, _ = _report_of_a_run(shapes, tmp_path)
+    data = json.loads(report.read_text())
+    tamper(data["results"][0])
+    report.write_text(json.dumps(data))
+    code, _, err = run(["db", "import-report", report, "--shapes", shapes, "--db", tmp_path / "new.db"], capsys)
+    assert code == 2 and words in err and "result 0" in err, err
+    assert not (tmp_path / "new.db").exists()

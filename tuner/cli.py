@@ -73,6 +73,8 @@ def db_parser() -> argparse.ArgumentParser:
     for name, doc in (("show", "list the winners"), ("export", "write sorted JSON lines"),
                       ("import", "load JSON lines"), ("merge", "take winners (where faster) and trials "
                                                       "from other DBs"),
+                      ("import-report", "store a run's winners from its --report JSON (where the run's "
+                                        "DB was lost), each source checked against the hash the run timed"),
                       ("validate", "check every winner: source hash, epoch, re-rendered source"),
                       ("finalize", "validate, then make the DB one self-contained file for shipping "
                                    "(VACUUM, WAL folded in, journal_mode=DELETE)")):
@@ -90,6 +92,9 @@ def db_parser() -> argparse.ArgumentParser:
         if name == "export":
             s.add_argument("-o", "--output", help="file (default: stdout)")
             s.add_argument("--with-trials", action="store_true")
+        if name == "import-report":
+            s.add_argument("report", help="the run's --report JSON")
+            s.add_argument("--shapes", required=True, help="the shapes file the run used")
         if name in ("import", "merge"):
             s.add_argument("inputs", nargs="+", help="exported .jsonl files" if name == "import" else "DB files")
         if name == "merge":
@@ -289,8 +294,15 @@ def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], Devi
 def db_main(argv: Sequence[str]) -> int:
     args = db_parser().parse_args(argv)
     path = Path(args.db) if args.db else default_db_path()
+    if args.cmd == "import-report":  # checked in full before the DB is opened (or created)
+        from .report import winners_from_report
+        try:
+            report = json.loads(Path(args.report).read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"import-report: cannot read {args.report}: {exc}") from None
+        winners = winners_from_report(report, load_shapes(args.shapes), where=args.report)
     # Readers never change the file: a finalized DB stays in rollback-journal mode.
-    with TuningDB(path, create=args.cmd in ("import", "merge"),
+    with TuningDB(path, create=args.cmd in ("import", "import-report", "merge"),
                   readonly=args.cmd in ("show", "export", "validate")) as db:
         if args.cmd == "show":
             rows = db.winners(args.arch)
@@ -312,6 +324,11 @@ def db_main(argv: Sequence[str]) -> int:
                 with open(f) as fh:
                     n += db.import_lines(fh)
             print(f"imported {n} winners into {path}")
+        elif args.cmd == "import-report":
+            with db.transaction():  # all of them or none
+                for source, row in winners:
+                    db.put_winner(source, **row)
+            print(f"stored {len(winners)} winners from {args.report} into {path}")
         elif args.cmd == "merge":
             n = 0
             for f in args.inputs:

@@ -5,8 +5,9 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..generator import EPOCH
+from ..generator import EPOCH, Variant
 from .search import ShapeResult
+from .shapes import Shape
 
 
 def _fmt(v: float | None, spec: str) -> str:
@@ -40,3 +41,46 @@ def result_dict(r: ShapeResult) -> dict[str, Any]:
 def write_report(path: str | Path, results: list[ShapeResult], **extra: Any) -> None:
     Path(path).write_text(json.dumps(dict(**extra, results=[result_dict(r) for r in results]),
                                      indent=2, sort_keys=True) + "\n")
+
+
+def winners_from_report(report: Any, shapes: Iterable[Shape], where: str = "report") -> list[tuple[str, dict]]:
+    """(source, winner row) for each result of a --report JSON that has a winner, for a run
+    whose DB was lost. Every entry is checked first: its shape is in `shapes` (the run's
+    shapes file), and its config renders with this cc1d's templates to the source hash the
+    run timed, under the same generator epoch. ValueError names the first entry that fails."""
+    results = report.get("results") if isinstance(report, dict) else None
+    if not isinstance(results, list):
+        raise ValueError(f"{where}: expected a cc1d-tune --report JSON object with a 'results' list")
+    by_key = {(s.family().key(), s.key()): s for s in shapes}
+    out = []
+    for n, e in enumerate(results):
+        if not isinstance(e, dict) or e.get("winner") is None:
+            continue  # a shape without a winner stores nothing
+        name = f"{where}: result {n} ({e.get('family')} {e.get('shape')})"
+        if "source_hash" not in e or "epoch" not in e:
+            raise ValueError(f"{name}: no source_hash/epoch (a report from before they were recorded): "
+                             "its sources cannot be checked")
+        if e["epoch"] != EPOCH:
+            raise ValueError(f"{name}: generator epoch {e['epoch']}, this cc1d's is {EPOCH}")
+        shape = by_key.get((e["family"], e["shape"]))
+        if shape is None:
+            raise ValueError(f"{name}: not a shape of the given shapes file (pass the file the run used)")
+        try:
+            v = Variant.of(shape.family(), **e["config"])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{name}: config {e['config']} is not in the space: {exc}") from None
+        reason = v.why_invalid(e["arch"])
+        if reason is not None:
+            raise ValueError(f"{name}: {v.key()} is not valid for {e['arch']}: {reason}")
+        if v.key() != e["winner"]:
+            raise ValueError(f"{name}: its config names {v.key()}, its winner is {e['winner']}")
+        if v.hash() != e["source_hash"]:
+            raise ValueError(f"{name}: {v.key()} renders to source {v.hash()[:12]}, the run timed "
+                             f"{str(e['source_hash'])[:12]} (the templates changed since the run)")
+        row = dict(arch=e["arch"], family_key=e["family"], shape_key=e["shape"], op=shape.op,
+                   batch=shape.batch, dim=shape.dim, seqlen=shape.seqlen, features=",".join(shape.features()),
+                   variant_key=v.key(), config=v.params, source_hash=v.hash(), **v.geometry(),
+                   time_us=e["time_us"], default_us=e.get("default_us"), copy_fraction=e.get("copy_fraction"),
+                   spread=e.get("spread"), speedup=e.get("speedup"), environment=report.get("environment", {}))
+        out.append((v.source, row))
+    return out
