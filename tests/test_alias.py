@@ -195,8 +195,8 @@ def test_runner_runs_a_script_and_a_module(tmp_path):
     r = _run(["-m", "cc1d.alias", str(script), "a", "b"])
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "True ['a', 'b']"
-    r = _run(["-m", "cc1d.alias", "-m", "model_code", "c"], cwd=tmp_path,
-             env_extra={"PYTHONPATH": str(tmp_path)})
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)  # keep the caller's
+    r = _run(["-m", "cc1d.alias", "-m", "model_code", "c"], cwd=tmp_path, env_extra={"PYTHONPATH": path})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "True ['c']"
 
