@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..generator import EPOCH, Variant
-from .search import ShapeResult
+from .search import ShapeResult, winner_row
 from .shapes import Shape
 
 
@@ -77,10 +77,8 @@ def winners_from_report(report: Any, shapes: Iterable[Shape], where: str = "repo
         if v.hash() != e["source_hash"]:
             raise ValueError(f"{name}: {v.key()} renders to source {v.hash()[:12]}, the run timed "
                              f"{str(e['source_hash'])[:12]} (the templates changed since the run)")
-        row = dict(arch=e["arch"], family_key=e["family"], shape_key=e["shape"], op=shape.op,
-                   batch=shape.batch, dim=shape.dim, seqlen=shape.seqlen, features=",".join(shape.features()),
-                   variant_key=v.key(), config=v.params, source_hash=v.hash(), **v.geometry(),
-                   time_us=e["time_us"], default_us=e.get("default_us"), copy_fraction=e.get("copy_fraction"),
-                   spread=e.get("spread"), speedup=e.get("speedup"), environment=report.get("environment", {}))
-        out.append((v.source, row))
+        out.append((v.source, winner_row(
+            shape, e["arch"], v, time_us=e["time_us"], default_us=e.get("default_us"),
+            copy_fraction=e.get("copy_fraction"), spread=e.get("spread"), speedup=e.get("speedup"),
+            environment=report.get("environment", {}))))
     return out

@@ -357,15 +357,18 @@ class ShapeSearch:
             res.speedup = res.default_us / res.time_us
         if self.copy_bw:
             res.copy_fraction = self.ev.bytes_moved / (res.time_us * 1e-6) / self.copy_bw
-        geo = winner.geometry()
-        s = self.shape
-        self.db.put_winner(
-            winner.source, arch=self.arch, family_key=self.family.key(), shape_key=s.key(), op=s.op,
-            batch=s.batch, dim=s.dim, seqlen=s.seqlen, features=",".join(s.features()),
-            variant_key=winner.key(), config=winner.params, source_hash=winner.hash(), **geo,
-            time_us=res.time_us, default_us=res.default_us, copy_fraction=res.copy_fraction,
-            spread=res.spread, speedup=res.speedup, environment=self.environment)
+        self.db.put_winner(winner.source, **winner_row(
+            self.shape, self.arch, winner, time_us=res.time_us, default_us=res.default_us,
+            copy_fraction=res.copy_fraction, spread=res.spread, speedup=res.speedup, environment=self.environment))
         return res
+
+
+def winner_row(shape: Shape, arch: str, v: Variant, **measured: Any) -> dict:
+    """The winners-table row (TuningDB.put_winner's keywords) of variant v as the shape's
+    winner; `measured`: time_us, default_us, copy_fraction, spread, speedup, environment."""
+    return dict(arch=arch, family_key=shape.family().key(), shape_key=shape.key(), op=shape.op,
+                batch=shape.batch, dim=shape.dim, seqlen=shape.seqlen, features=",".join(shape.features()),
+                variant_key=v.key(), config=v.params, source_hash=v.hash(), **v.geometry(), **measured)
 
 
 def _middle(values: list[float]) -> float:
