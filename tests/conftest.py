@@ -1,8 +1,11 @@
 """Shared fixtures: the compiled runtime, compiler availability, opt-in runs."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -55,10 +58,28 @@ def rocm_trixie_script() -> Path | None:
     return next((c for c in candidates if c.is_file()), None)
 
 
+@contextlib.contextmanager
+def one_process_at_a_time(name: str):
+    """An exclusive lock on a file named after `name` in the temp folder, shared by
+    every process of this user (pytest-xdist workers among them)."""
+    path = Path(tempfile.gettempdir()) / f"cc1d-tests-{os.getuid()}-{name}.lock"
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def precompile(rt, sources, target: str) -> None:
     """Fill the runtime's compile cache in parallel (compile() releases the GIL), so
-    GPU tests that then launch many variants do not compile them one by one."""
+    GPU tests that then launch many variants do not compile them one by one.
+    One process compiles at a time: under pytest-xdist the first worker fills the
+    shared disk cache and the others then load from it, where all of them compiling
+    the same ~1000 forward sources at once (14 workers on 16 cores) took longer than
+    a whole device call."""
     from concurrent.futures import ThreadPoolExecutor
     unique = list(dict.fromkeys(sources))
-    with ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
+    with one_process_at_a_time(f"precompile-{target}"), \
+            ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
         list(pool.map(lambda s: rt.compile(s, target), unique))
