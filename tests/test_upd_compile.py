@@ -38,17 +38,20 @@ def test_untuned_upd_kernels_compile_for_sm90_without_spills(nvrtc):
     _check(nvrtc, chains, may_spill=lambda v: False)
 
 
-def test_sm90_update_kernels_say_they_wait_for_the_previous_grid(nvrtc):
+def test_sm90_update_and_forward_kernels_say_they_wait_for_the_previous_grid(nvrtc):
     """The runtime launches a kernel early (programmatic dependent launch) only where its
-    module exports cc1d_waits_for_previous_grid: sm_90 update kernels do (they start with
-    griddepcontrol.wait); sm_80 ones cannot, and the forward's do not wait."""
+    module exports cc1d_waits_for_previous_grid: sm_90 update, forward and varlen kernels
+    do (they start with griddepcontrol.wait); sm_80 ones cannot, and the backward's do not
+    wait."""
     from cc1d.generator.render import render
-    upd = default_variant(UPD[0], "sm_90")
-    fwd = default_variant(families("fwd")[0], "sm_90")
     marker = b"cc1d_waits_for_previous_grid"
-    assert marker in bytes(nvrtc.compile(render(upd), "sm_90", [])[0])
-    assert marker not in bytes(nvrtc.compile(render(upd), "sm_80", [])[0])
-    assert marker not in bytes(nvrtc.compile(render(fwd), "sm_90", [])[0])
+    for op in ("upd", "fwd", "vfwd"):
+        for layout in ("cf", "cl"):  # one family per op and layout: the code is shared
+            v = default_variant(next(f for f in families(op) if f.layout == layout), "sm_90")
+            assert marker in bytes(nvrtc.compile(render(v), "sm_90", [])[0]), v.key()
+            assert marker not in bytes(nvrtc.compile(render(v), "sm_80", [])[0]), v.key()
+    bwd = default_variant(families("bwd")[0], "sm_90")
+    assert marker not in bytes(nvrtc.compile(render(bwd), "sm_90", [])[0])
 
 
 @pytest.mark.amd
