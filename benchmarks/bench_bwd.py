@@ -14,6 +14,7 @@ import json
 import torch
 
 import cc1d
+from peers import causal_conv1d_version
 from timing import copy_ceiling_gbps, graph_time_us, n_buffers
 
 DT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -99,7 +100,8 @@ def main() -> None:
               f"{r['bwd_us']:.1f} | {100 * r['bwd_frac']:.0f} % | {r['fwd_bwd_us']:.1f} | {peer_cols} |")
     if args.out:
         with open(args.out, "w") as fh:
-            json.dump(dict(device=dev, copy_gbps=copy_gbps, rows=rows), fh, indent=1)
+            json.dump(dict(device=dev, copy_gbps=copy_gbps,
+                           peer_version=causal_conv1d_version(), rows=rows), fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import cc1d
-from peers import causal_conv1d
+from peers import causal_conv1d, causal_conv1d_version
 from timing import copy_ceiling_gbps, graph_time_us, n_buffers
 
 DT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -104,8 +104,8 @@ def main() -> None:
               f"{100 * r['torch_frac']:.0f} % | {peer_cols} |")
     if args.out:
         with open(args.out, "w") as fh:
-            json.dump(dict(device=dev, copy_gbps=copy_gbps, host=platform.node(), rows=rows), fh,
-                      indent=1)
+            json.dump(dict(device=dev, copy_gbps=copy_gbps, host=platform.node(),
+                           peer_version=causal_conv1d_version(), rows=rows), fh, indent=1)
 
 
 if __name__ == "__main__":

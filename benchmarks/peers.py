@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import Callable
 
 
@@ -11,6 +12,14 @@ def causal_conv1d(name: str) -> Callable | None:
     try:
         return getattr(importlib.import_module("causal_conv1d"), name)
     except (ImportError, AttributeError):
+        return None
+
+
+def causal_conv1d_version() -> str | None:
+    """The installed causal-conv1d's version (the benchmarks' JSON records it), or None."""
+    try:
+        return importlib.metadata.version("causal_conv1d")
+    except importlib.metadata.PackageNotFoundError:
         return None
 
 

@@ -61,6 +61,29 @@ def rows_of(fwd: dict | None, bwd: dict | None) -> list[dict]:
     return out
 
 
+def _peer_name(res: dict) -> str:
+    """causal-conv1d with its version where the benchmark recorded it (older JSON did not)."""
+    return f"causal-conv1d {res['peer_version']}" if res.get("peer_version") else "causal-conv1d"
+
+
+def peer_sentence(rows: list[dict]) -> str:
+    """Which benchmarks timed the peer in their own run: the forward and backward runs are
+    separate, and a device without the peer's wheel leaves one of them without it."""
+    names = {"fwd": "forward", "bwd": "backward"}
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    ran = [op for op in ops if any(r["peer_us"] or r["peer_error"] for r in rows if r["op"] == op)]
+    missing = [names[op] for op in ops if op not in ran]
+    if not ran:
+        return ("Dao-AILab causal-conv1d was not installed in these runs: the peer columns of the same run are "
+                "empty, and ANCHORS.md's own measurement is quoted for reference.")
+    text = (f"Dao-AILab causal-conv1d (built from its sdist for sm_90) ran in the same run as the "
+            f"{' and '.join(names[op] for op in ran)} benchmark.")
+    if missing:
+        text += (f" It was not installed in the {' and '.join(missing)} run: those peer columns are empty, and "
+                 f"ANCHORS.md's own measurement is quoted for reference.")
+    return text
+
+
 def run_line(what: str, res: dict | None) -> str:
     """Which run a table's numbers come from: its device and the copy its % are of."""
     if not res:
@@ -177,7 +200,6 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = rows_of(fwd, bwd)
     devices = " and ".join(sorted({r.get("device", "?") for r in (fwd, bwd, upd, vl, ovh) if r})) or "?"
-    peer_ran = any(r["peer_us"] for r in rows)
     text = ["# Performance", "",
             f"Measured by `benchmarks/` on {devices}: device time per call inside a CUDA "
             f"graph, inputs rotated over more than the L2, bandwidth as a fraction of a device-to-device "
@@ -186,16 +208,14 @@ def main(argv: list[str] | None = None) -> None:
             f"dispatch users get (the shipped tuning DB, else the default kernels). Written by "
             f"`python benchmarks/perf_report.py` from the JSON the benchmarks wrote; the commands are at "
             f"the end.", "",
-            ("Dao-AILab causal-conv1d ran in the same run (built from its sdist for sm_90)." if peer_ran else
-             "Dao-AILab causal-conv1d was not installed in this run: the peer columns of the same run are "
-             "empty, and ANCHORS.md's own measurement is quoted for reference."), "",
+            peer_sentence(rows), "",
             "![% of copy per case](performance.png)", "", "## Forward and backward", ""]
     runs = " ".join(filter(None, (run_line("Forward", fwd), run_line("Backward", bwd))))
     text += ([runs, ""] if runs else []) + table(rows)
     if pr:
         text += ["", f"## Side by side with causal-conv1d (another run: {pr.get('device', '?')}, copy "
                  f"{pr.get('copy_gbps', 0):.0f} GB/s)", "",
-                 "The peer (causal-conv1d 1.6.1, built from its sdist for sm_90) was installed in this run only; "
+                 f"The peer ({_peer_name(pr)}, built from its sdist for sm_90) was installed in that run; "
                  "both were timed in it, so the ratio is a same-run ratio.", ""] + table(rows_of(pr, None))
     if upd:
         text += ["", "## Decode update (dim 5120, width 4, bf16, bias, SiLU)", "", run_line("Decode update", upd),

@@ -46,3 +46,25 @@ def test_a_run_without_a_copy_figure_says_only_its_device(tmp_path):
     page = (tmp_path / "out" / "PERFORMANCE.md").read_text()
     assert "Host overhead: one run on GPU A." in page
     assert "| cc1d.causal_conv1d_fn | cf | 11.1 | 2.5 |" in page
+
+
+def test_the_page_says_which_runs_timed_the_peer(tmp_path, monkeypatch):
+    """The forward and backward tables are separate runs: a forward run without the
+    peer beside a backward run with it must not read as if the peer ran in both."""
+    monkeypatch.setattr(report, "plot", lambda rows, path: None)
+    fwd = _write(tmp_path / "fwd.json", dict(device="GPU A", copy_gbps=2807.0, rows=[_fwd_row(2.9, 0.49)]))
+    bwd_row = dict(_fwd_row(0, 0), bwd_us=184.5, bwd_frac=0.91, peer_us=189.5, peer_frac=0.89)
+    bwd = _write(tmp_path / "bwd.json", dict(device="GPU A", copy_gbps=3001.6, rows=[bwd_row]))
+    peer_run = _write(tmp_path / "old_fwd.json", dict(device="GPU A", copy_gbps=2992.0, peer_version="1.7.0",
+                                                     rows=[dict(_fwd_row(3.5, 0.40), peer_us=3.8, peer_frac=0.37)]))
+    report.main(["--fwd", fwd, "--bwd", bwd, "--peer-run", peer_run, "--out", str(tmp_path / "out")])
+    page = (tmp_path / "out" / "PERFORMANCE.md").read_text()
+    assert "ran in the same run as the backward benchmark." in page
+    assert "It was not installed in the forward run" in page
+    assert "| fwd channel-first bf16 w4 (8, 5120, 2048) | 2.9 | 49 % | — | — | — |" in page
+    assert "The peer (causal-conv1d 1.7.0, built from its sdist for sm_90) was installed in that run" in page
+    assert "| fwd channel-first bf16 w4 (8, 5120, 2048) | 3.5 | 40 % | 3.8 | 37 % | 1.09x |" in page
+
+    report.main(["--fwd", fwd, "--out", str(tmp_path / "none")])
+    page = (tmp_path / "none" / "PERFORMANCE.md").read_text()
+    assert "Dao-AILab causal-conv1d was not installed in these runs" in page
