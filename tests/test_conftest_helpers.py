@@ -50,8 +50,11 @@ def test_concurrent_precompiles_compile_each_source_once(nvrtc, tmp_path):
     env = dict(os.environ, CC1D_CACHE_DIR=str(tmp_path))
     env.pop("CC1D_DISABLE_DISK_CACHE", None)
     here = str(Path(__file__).resolve().parent)
-    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, here], env=env, stdout=subprocess.PIPE, text=True)
-             for _ in range(2)]
-    counts = [int(p.communicate(timeout=300)[0].split()[-1]) for p in procs]
-    assert all(p.returncode == 0 for p in procs)
+    # -P and another cwd: the installed cc1d, not the source folder of a repository root
+    procs = [subprocess.Popen([sys.executable, "-P", "-c", _WORKER, here], env=env, cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, results):
+        assert p.returncode == 0, err[-2000:]
+    counts = [int(out.split()[-1]) for out, _ in results]
     assert sorted(counts) == [0, 6], counts
