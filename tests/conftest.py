@@ -58,12 +58,16 @@ def rocm_trixie_script() -> Path | None:
     return next((c for c in candidates if c.is_file()), None)
 
 
+def lock_path(name: str) -> Path:
+    """The file one_process_at_a_time(name) locks: in the temp folder, per user."""
+    return Path(tempfile.gettempdir()) / f"cc1d-tests-{os.getuid()}-{name}.lock"
+
+
 @contextlib.contextmanager
 def one_process_at_a_time(name: str):
-    """An exclusive lock on a file named after `name` in the temp folder, shared by
-    every process of this user (pytest-xdist workers among them)."""
-    path = Path(tempfile.gettempdir()) / f"cc1d-tests-{os.getuid()}-{name}.lock"
-    with open(path, "a") as fh:
+    """An exclusive lock on lock_path(name), shared by every process of this user
+    (pytest-xdist workers among them)."""
+    with open(lock_path(name), "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield

@@ -4,10 +4,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from conftest import one_process_at_a_time
+from conftest import lock_path, one_process_at_a_time
 
 # A second process tries the same lock without waiting: exit 0 if it got it, 1 if not.
 _TRY = """
@@ -22,7 +21,7 @@ with open(sys.argv[1], "a") as fh:
 
 def test_one_process_at_a_time_excludes_other_processes_until_released():
     name = f"selftest-{os.getpid()}"
-    path = Path(tempfile.gettempdir()) / f"cc1d-tests-{os.getuid()}-{name}.lock"
+    path = lock_path(name)
     try_lock = [sys.executable, "-c", _TRY, str(path)]
     with one_process_at_a_time(name):
         assert subprocess.run(try_lock).returncode == 1, "another process took the lock while it was held"
