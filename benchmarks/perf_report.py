@@ -66,9 +66,17 @@ def _peer_name(res: dict) -> str:
     return f"causal-conv1d {res['peer_version']}" if res.get("peer_version") else "causal-conv1d"
 
 
-def peer_sentence(rows: list[dict]) -> str:
+def _same_peer(*runs: dict | None) -> str:
+    """The peer with its version where every given run recorded the same one."""
+    given = [r for r in runs if r]
+    versions = {r.get("peer_version") for r in given}
+    return _peer_name(given[0]) if given and len(versions) == 1 else "causal-conv1d"
+
+
+def peer_sentence(rows: list[dict], peer: str = "causal-conv1d") -> str:
     """Which benchmarks timed the peer in their own run: the forward and backward runs are
-    separate, and a device without the peer's wheel leaves one of them without it."""
+    separate, and a device without the peer's wheel leaves one of them without it.
+    `peer` names it (with its version where a run recorded one)."""
     names = {"fwd": "forward", "bwd": "backward"}
     ops = list(dict.fromkeys(r["op"] for r in rows))
     ran = [op for op in ops if any(r["peer_us"] or r["peer_error"] for r in rows if r["op"] == op)]
@@ -76,8 +84,8 @@ def peer_sentence(rows: list[dict]) -> str:
     if not ran:
         return ("Dao-AILab causal-conv1d was not installed in these runs: the peer columns of the same run are "
                 "empty, and ANCHORS.md's own measurement is quoted for reference.")
-    text = (f"Dao-AILab causal-conv1d (built from its sdist for sm_90) ran in the same run as the "
-            f"{' and '.join(names[op] for op in ran)} benchmark.")
+    text = (f"Dao-AILab {peer} (built from its sdist for sm_90) ran in the same run as the "
+            f"{' and '.join(names[op] for op in ran)} benchmark{'s' if len(ran) > 1 else ''}.")
     if missing:
         text += (f" It was not installed in the {' and '.join(missing)} run: those peer columns are empty, and "
                  f"ANCHORS.md's own measurement is quoted for reference.")
@@ -127,7 +135,8 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_xlim(0, 105)
     ax.set_xlabel("% of the device-to-device copy bandwidth (same run)")
     ax.axvline(95, color="grey", lw=0.6, ls="--")
-    ax.legend(fontsize=7, loc="lower right")
+    # Below the axes: inside, it covered the last bars once they reached the ceiling.
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.07), ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -208,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
             f"dispatch users get (the shipped tuning DB, else the default kernels). Written by "
             f"`python benchmarks/perf_report.py` from the JSON the benchmarks wrote; the commands are at "
             f"the end.", "",
-            peer_sentence(rows), "",
+            peer_sentence(rows, _same_peer(fwd, bwd)), "",
             "![% of copy per case](performance.png)", "", "## Forward and backward", ""]
     runs = " ".join(filter(None, (run_line("Forward", fwd), run_line("Backward", bwd))))
     text += ([runs, ""] if runs else []) + table(rows)

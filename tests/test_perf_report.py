@@ -65,6 +65,16 @@ def test_the_page_says_which_runs_timed_the_peer(tmp_path, monkeypatch):
     assert "The peer (causal-conv1d 1.7.0, built from its sdist for sm_90) was installed in that run" in page
     assert "| fwd channel-first bf16 w4 (8, 5120, 2048) | 3.5 | 40 % | 3.8 | 37 % | 1.09x |" in page
 
+    both = _write(tmp_path / "fwd_peer.json", dict(device="GPU A", copy_gbps=2994.0, peer_version="1.7.0",
+                                                   rows=[dict(_fwd_row(2.9, 0.49), peer_us=3.8, peer_frac=0.37)]))
+    bwd_v = _write(tmp_path / "bwd_v.json", dict(device="GPU A", copy_gbps=3001.6, peer_version="1.7.0",
+                                                rows=[bwd_row]))
+    report.main(["--fwd", both, "--bwd", bwd_v, "--out", str(tmp_path / "both")])
+    page = (tmp_path / "both" / "PERFORMANCE.md").read_text()
+    assert ("Dao-AILab causal-conv1d 1.7.0 (built from its sdist for sm_90) ran in the same run as the "
+            "forward and backward benchmarks.") in page
+    assert "not installed" not in page
+
     report.main(["--fwd", fwd, "--out", str(tmp_path / "none")])
     page = (tmp_path / "none" / "PERFORMANCE.md").read_text()
     assert "Dao-AILab causal-conv1d was not installed in these runs" in page
