@@ -58,6 +58,12 @@ def rocm_trixie_script() -> Path | None:
     return next((c for c in candidates if c.is_file()), None)
 
 
+def pythonpath_with(folder) -> str:
+    """A child process's PYTHONPATH: `folder` first, then the caller's own (a cc1d found
+    through it must stay importable there)."""
+    return os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p)
+
+
 def lock_path(name: str) -> Path:
     """The file one_process_at_a_time(name) locks: in the temp folder, per user."""
     return Path(tempfile.gettempdir()) / f"cc1d-tests-{os.getuid()}-{name}.lock"

@@ -19,6 +19,7 @@ import pytest
 
 import cc1d
 from cc1d import alias
+from conftest import pythonpath_with
 
 _E = inspect.Parameter.empty
 
@@ -195,8 +196,8 @@ def test_runner_runs_a_script_and_a_module(tmp_path):
     r = _run(["-m", "cc1d.alias", str(script), "a", "b"])
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "True ['a', 'b']"
-    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)  # keep the caller's
-    r = _run(["-m", "cc1d.alias", "-m", "model_code", "c"], cwd=tmp_path, env_extra={"PYTHONPATH": path})
+    r = _run(["-m", "cc1d.alias", "-m", "model_code", "c"], cwd=tmp_path,
+             env_extra={"PYTHONPATH": pythonpath_with(tmp_path)})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "True ['c']"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import rocm_trixie_script
+from conftest import pythonpath_with, rocm_trixie_script
 from cc1d.generator.covering import all_covering
 
 from cc1d.generator import default_variant, families
@@ -44,11 +44,9 @@ def _compile_batch(script, target, variants):
 
     def run(part):
         payload = json.dumps([dict(key=v.key(), source=v.source) for v in part])
-        # The worker's folder first; the caller's PYTHONPATH stays (cc1d may be found through it).
-        path = os.pathsep.join(p for p in (str(WORKER.parent), os.environ.get("PYTHONPATH")) if p)
         proc = subprocess.run(["bash", str(script), "run", "--", sys.executable, str(WORKER), target],
                               input=payload, capture_output=True, text=True, timeout=1800,
-                              env={**os.environ, "PYTHONPATH": path})
+                              env={**os.environ, "PYTHONPATH": pythonpath_with(WORKER.parent)})
         assert proc.returncode == 0, f"worker failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
         return json.loads(proc.stdout)
 
