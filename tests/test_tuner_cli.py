@@ -276,3 +276,39 @@ def test_import_report_refuses_what_it_cannot_check_and_writes_nothing(shapes, t
     code, _, err = run(["db", "import-report", report, "--shapes", shapes, "--db", tmp_path / "new.db"], capsys)
     assert code == 2 and words in err and "result 0" in err, err
     assert not (tmp_path / "new.db").exists()
+
+
+def test_a_stopped_run_keeps_the_report_of_the_shapes_it_finished(tmp_path, capsys, monkeypatch):
+    """--report is rewritten after every shape: a run stopped during its second shape
+    leaves a whole report of the first (complete: false) that import-report can store;
+    a run to the end says complete: true."""
+    from cc1d.tuner import cli, evaluate, measure
+    from cc1d.tuner.testing import FakeEvaluator
+    shapes = tmp_path / "two.yaml"
+    shapes.write_text(SHAPES + SHAPES.replace("layout: cf", "layout: cl"))
+    made = []
+
+    def evaluator(rt, shape, arch):
+        made.append(shape)
+        if len(made) == 2 and stop:
+            raise KeyboardInterrupt  # stands for Ctrl-C or a kill during the second shape
+        return FakeEvaluator()
+
+    monkeypatch.setattr(evaluate, "GpuEvaluator", evaluator)
+    monkeypatch.setattr(measure, "copy_bandwidth", lambda: 3e12)
+    monkeypatch.setattr(cli, "_runtime", lambda: None)
+    report = tmp_path / "r.json"
+    argv = ["--shapes", shapes, "--db", tmp_path / "run.db", "--trials", "3", "--report", report]
+    stop = True
+    code, _, err = run(argv, capsys, probe=lambda: H100)
+    assert code == 130 and "interrupted" in err
+    data = json.loads(report.read_text())
+    assert (data["complete"], data["shapes"], len(data["results"])) == (False, 2, 1)
+    assert data["results"][0]["winner"].startswith("fwd.cf.") and not (tmp_path / "r.json.tmp").exists()
+    code, out, _ = run(["db", "import-report", report, "--shapes", shapes, "--db", tmp_path / "new.db"], capsys)
+    assert code == 0 and "stored 1 winners" in out
+
+    stop, made[:] = False, []
+    code, _, _ = run(argv + ["--db", tmp_path / "run2.db"], capsys, probe=lambda: H100)
+    data = json.loads(report.read_text())
+    assert code == 0 and (data["complete"], data["shapes"], len(data["results"])) == (True, 2, 2)

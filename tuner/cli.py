@@ -55,7 +55,8 @@ def tune_parser() -> argparse.ArgumentParser:
                       "(journal:PATH, on a shared file system) or an RDB URL")
     p.add_argument("--compile-only", action="store_true",
                    help="only compile every candidate for --arch (no GPU needed) and report failures")
-    p.add_argument("--report", help="write a JSON report of the results here")
+    p.add_argument("--report", help="write a JSON report of the results here (rewritten after every shape; "
+                   "'complete' is false until the last)")
     p.add_argument("--isolate", action="store_true",
                    help="measure in a worker process that is restarted when a candidate hangs or crashes it "
                         "(the candidate is recorded as an error); see --candidate-timeout")
@@ -280,12 +281,14 @@ def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], Devi
                     evaluator.close()
             tbar.close()
             del evaluator
+            if args.report and not args.worker:
+                # After every shape: a run that is stopped keeps the report of what it finished.
+                write_report(args.report, results, arch=arch, environment=env, db=str(db_path),
+                             shapes=len(shapes), complete=len(results) == len(shapes))
     if args.worker:
         return 0
     print(table(results))
     print(f"copy ceiling: {copy_bw / 1e9:.0f} GB/s on {env.get('device', arch)}; DB: {db_path}")
-    if args.report:
-        write_report(args.report, results, arch=arch, environment=env, db=str(db_path))
     return 0 if all(r.winner for r in results) else 1
 
 

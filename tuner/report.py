@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -39,8 +40,13 @@ def result_dict(r: ShapeResult) -> dict[str, Any]:
 
 
 def write_report(path: str | Path, results: list[ShapeResult], **extra: Any) -> None:
-    Path(path).write_text(json.dumps(dict(**extra, results=[result_dict(r) for r in results]),
-                                     indent=2, sort_keys=True) + "\n")
+    """The JSON report of `results`, whole: written beside `path`, then renamed over it,
+    so a reader, or a run killed while writing, never meets half a file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(dict(**extra, results=[result_dict(r) for r in results]),
+                              indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
 
 
 def winners_from_report(report: Any, shapes: Iterable[Shape], where: str = "report") -> list[tuple[str, dict]]:
