@@ -54,6 +54,91 @@ def test_sm90_update_and_forward_kernels_say_they_wait_for_the_previous_grid(nvr
     assert marker not in bytes(nvrtc.compile(render(bwd), "sm_90", [])[0])
 
 
+# ---- plans' fixed kernels (upd.cu.j2 CC1D_UPD_FIXED, runtime upd_fixed_options) ----------
+
+GB = 1 << 32
+DTYPE_CODES = {"f32": 0, "f16": 1, "bf16": 2}
+
+
+def fixed_call(family, *, batch=4, dim=640, pool=6, bias=True, indices=False, cache_seqlens=False,
+               pad=-1, silu=True):
+    """upd_fixed_options' arguments for a call of `family` (fake pointers, contiguous tensors;
+    conv_state (pool, dim, width-1) in the family's layout)."""
+    w, m = family.width, family.width - 1
+    ptrs = (GB, 2 * GB, 3 * GB if bias else 0, 4 * GB, 5 * GB if cache_seqlens else 0,
+            6 * GB if indices else 0, 0, 8 * GB)
+    state = (dim * m, m, 1) if family.layout == "cf" else (dim * m, 1, dim)
+    strides = (dim, 1, 1, w, 1, 1, *state, dim, 1, 1, 1, 1, 0)
+    return (ptrs, (batch, dim, 1, m, pool, w), strides, pad, DTYPE_CODES[family.x_dtype],
+            DTYPE_CODES[family.w_dtype], silu)
+
+
+def _defines(options):
+    """-DNAME=VALUE options as #define lines (for compilers driven without options)."""
+    lines = []
+    for o in options:
+        name, _, value = o[2:].partition("=")
+        lines.append(f"#define {name} {value}")
+    return "\n".join(lines) + "\n"
+
+
+FIXED_FAMILIES = [f for f in UPD if f.width == 4 or (f.x_dtype, f.w_dtype, f.layout) == ("bf16", "bf16", "cl")]
+
+
+def test_fixed_options_name_every_constant_once(nvrtc):
+    opts = nvrtc.upd_fixed_options(*fixed_call(UPD[0], pad=-(1 << 63), indices=True))
+    names = [o[2:].partition("=")[0] for o in opts]
+    assert names[0] == "CC1D_UPD_FIXED" and len(names) == len(set(names)) == 25
+    assert "-DCC1D_FIX_DIM=((long long)640ULL)" in opts and "-DCC1D_FIX_HAS_INDICES=((long long)1ULL)" in opts
+    assert "-DCC1D_FIX_PAD_SLOT_ID=((long long)9223372036854775808ULL)" in opts  # int64 min, as the kernel reads it
+    assert "-DCC1D_FIX_HAS_BIAS=((long long)1ULL)" in opts
+    assert "-DCC1D_FIX_HAS_BIAS=((long long)0ULL)" in nvrtc.upd_fixed_options(*fixed_call(UPD[0], bias=False))
+
+
+@pytest.mark.parametrize("features", [dict(), dict(indices=True, bias=False, silu=False),
+                                      dict(cache_seqlens=True, pad=(1 << 63) - 1, dim=100)])
+def test_fixed_update_kernels_compile_for_sm90_without_spills_and_shrink(nvrtc, features):
+    """Each default update kernel of width 4 (and bf16 channel-last of every width) compiled
+    the way a plan does with a call's constants: no errors, no local memory, and much less
+    code than the generic kernel (the constants fold it)."""
+    from compile_checks import PTXAS_VERBOSE, nvidia_resources
+    failures = []
+    for f in FIXED_FAMILIES:
+        v = default_variant(f, "sm_90")
+        opts = nvrtc.upd_fixed_options(*fixed_call(f, **features))
+        try:
+            fixed, log = nvrtc.compile(v.source, "sm_90", [*opts, *PTXAS_VERBOSE])
+        except RuntimeError as exc:
+            failures.append(f"{v.key()}: {str(exc)[:1500]}")
+            continue
+        res = nvidia_resources(log)
+        generic = nvrtc.compile(v.source, "sm_90", [])[0]
+        if res["spill_stores"] or res["spill_loads"] or res["stack"]:
+            failures.append(f"{v.key()}: local memory {res}")
+        if not len(fixed) < len(generic) // 2:
+            failures.append(f"{v.key()}: fixed binary {len(fixed)} bytes, generic {len(generic)}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.amd
+@pytest.mark.parametrize("target", AMD_TARGETS)
+def test_fixed_update_kernels_compile_for_amd(trixie, nvrtc, target):  # noqa: F811
+    """The same fixed kernels through hipRTC (the constants as #define lines: the worker
+    passes no options)."""
+    from types import SimpleNamespace
+    chosen = []
+    for f in FIXED_FAMILIES:
+        if f.width != 4:
+            continue
+        v = default_variant(f, target)
+        opts = nvrtc.upd_fixed_options(*fixed_call(f, indices=True))
+        chosen.append(SimpleNamespace(key=lambda k=v.key(): k + "+fixed", source=_defines(opts) + v.source))
+    results = _compile_batch(trixie, target, chosen)
+    failed = [f"{r['key']}: {r['log'][-1500:]}" for r in results if not r["ok"]]
+    assert not failed, "\n".join(failed)
+    _assert_no_scratch(results)
+
+
 @pytest.mark.amd
 @pytest.mark.parametrize("target", AMD_TARGETS)
 def test_upd_covering_set_and_defaults_compile_for_amd(trixie, target):  # noqa: F811

@@ -458,3 +458,85 @@ def test_a_planned_signature_still_refuses_overlapping_buffers():
 def test_explain_update_names_the_state_layout():
     x, state, w, b = make(2, 64, 1, 3, 4, "bf16", "f32", layout="cf")
     assert cc1d.explain_update(x, state, w, b)["key"].startswith("upd.cf.bf16wf32.w4.")
+
+
+# ---- plans' fixed kernels (the call's sizes and strides compiled in) ------------------
+
+def _fixed_case(i):
+    """Case i: layout, dtypes, width, sizes, optional inputs and activation all vary; dim is
+    not a multiple of any tile."""
+    layout = ("cl", "cf")[i % 2]
+    xd, wd = PAIRS[i % len(PAIRS)]
+    width = (4, 2, 3, 4)[i % 4]
+    mode = ("plain", "indices", "cache_seqlens", "accepted")[i // 2 % 4]
+    seqlen = 1 if mode in ("plain", "indices") else 3
+    state_len = width - 1 if mode in ("plain", "indices") else width + 1
+    batch, dim = (1, 16, 5, 64)[i % 4], (5120 + 8, 100, 2072, 640 + 24)[i // 4 % 4]
+    return layout, xd, wd, width, mode, seqlen, state_len, batch, dim
+
+
+@pytest.mark.parametrize("i", range(16))
+def test_a_plans_fixed_kernel_equals_the_generic_kernel_bit_for_bit(i, monkeypatch):
+    """Eager calls run through plans, which launch their variant compiled with the call's
+    sizes and strides as constants (one more module load); the runtime's plain entry
+    (update._update_impl, also torch.compile's) launches the generic kernel. With
+    NaN-poisoned outputs both agree bit for bit, and with the reference."""
+    from cc1d import update
+    layout, xd, wd, width, mode, seqlen, state_len, batch, dim = _fixed_case(i)
+    pool = batch + 3
+    x, state, w, b = make(batch, dim, seqlen, state_len, width, xd, wd, layout=layout, pool=pool,
+                          bias=i % 3 != 2, seed=300 + i)
+    kw = dict(activation="silu" if i % 3 else None)
+    if mode == "cache_seqlens":
+        kw["cache_seqlens"] = torch.randint(0, 50, (batch,), dtype=torch.int32, device=DEV)
+    if mode in ("indices", "accepted"):
+        kw["conv_state_indices"] = torch.randperm(pool, device=DEV)[:batch].to(torch.int32)
+        if batch > 2:
+            kw["conv_state_indices"][1] = -1  # a padded row
+            kw["conv_state_indices"][batch - 1] = kw["conv_state_indices"][0]  # a slot named twice
+    if mode == "accepted":
+        kw["num_accepted_tokens"] = torch.randint(1, seqlen + 1, (batch,), dtype=torch.int32, device=DEV)
+    monkeypatch.setattr(update, "_new_out", lambda t: torch.full_like(t, float("nan")))
+    update._UPD_PLANS.clear()
+    want_out, want_state = reference(x, state, w, b, **kw)
+    s_generic = state.clone()
+    generic = update._update_impl(x, s_generic, w, b, kw["activation"] is not None, kw.get("cache_seqlens"),
+                                  kw.get("conv_state_indices"), kw.get("num_accepted_tokens"), -1)
+    torch.cuda.synchronize()
+    before = cc1d.dispatch_stats()
+    fixed = cc1d.causal_conv1d_update(x, state, w, b, **kw)
+    torch.cuda.synchronize()
+    assert cc1d.dispatch_stats()["loads"] == before["loads"] + 1, "the plan did not load its fixed kernel"
+    assert torch.equal(_bits(fixed), _bits(generic)) and torch.equal(_bits(state), _bits(s_generic))
+    assert rel_l2(fixed, want_out) < TOL[x.dtype] and torch.equal(state, want_state)
+    again = cc1d.causal_conv1d_update(x, s_generic, w, b, **kw)  # the second call: planned, loaded
+    assert cc1d.dispatch_stats()["loads"] == before["loads"] + 1
+    assert not torch.isnan(again).any()
+
+
+@pytest.mark.parametrize("layout", ["cl", "cf"])
+def test_a_capture_before_the_fixed_kernel_is_loaded_records_the_generic_one(layout):
+    """A plan loads nothing while its stream captures a graph (capture_error_mode "global"
+    refuses module loads): the graph records the generic kernel, loaded by an earlier call,
+    and replays correctly; the next eager call loads the fixed kernel."""
+    from cc1d import update
+    update._UPD_PLANS.clear()
+    batch, dim = 8, 776
+    x, state, w, b = make(batch, dim, 1, 3, 4, "bf16", "bf16", layout=layout, seed=77)
+    s_first = state.clone()
+    update._update_impl(x, s_first, w, b, True, None, None, None, -1)  # loads the generic kernel
+    torch.cuda.synchronize()
+    before = cc1d.dispatch_stats()
+    graph = torch.cuda.CUDAGraph()
+    s0 = state.clone()
+    with torch.cuda.graph(graph, capture_error_mode="global"):
+        out = cc1d.causal_conv1d_update(x, state, w, b, activation="silu")
+    assert cc1d.dispatch_stats() == before, "the capture compiled or loaded a kernel"
+    state.copy_(s0)
+    graph.replay()
+    torch.cuda.synchronize()
+    want_out, want_state = reference(x, s0, w, b, activation="silu")
+    assert rel_l2(out, want_out) < TOL[x.dtype] and torch.equal(state, want_state)
+    cc1d.causal_conv1d_update(x, state, w, b, activation="silu")
+    torch.cuda.synchronize()
+    assert cc1d.dispatch_stats()["loads"] == before["loads"] + 1  # now the fixed kernel

@@ -61,6 +61,9 @@ class Backend {
   // a failed lookup would leave HIP's last-error set for the caller's next check.
   virtual Functions load_functions(int device, const std::string& hash, const std::vector<uint8_t>& binary,
                                    int smem_bytes, bool with_reduce) = 0;
+  // Whether `stream` is being captured into a graph (loading a module then could break
+  // the capture). Never throws; true when it cannot tell.
+  virtual bool stream_capturing(void* stream) noexcept = 0;
   // early: the kernel waits for the previous one itself (Functions::waits_for_previous),
   // so the launch may overlap that kernel's tail (CUDA programmatic dependent launch,
   // unless CC1D_DISABLE_PDL=1 or the driver lacks it; HIP ignores it).

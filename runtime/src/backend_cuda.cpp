@@ -73,6 +73,7 @@ struct Driver {
   CUresult (*cuModuleGetGlobal)(CUdeviceptr*, size_t*, CUmodule, const char*);
   // CUDA 12.0+ drivers; nullptr before, and kernels are then launched plainly.
   CUresult (*cuLaunchKernelEx)(const CUlaunchConfig*, CUfunction, void**, void**) = nullptr;
+  CUresult (*cuStreamIsCapturing)(CUstream, int*) = nullptr;  // CUDA 10+; the status: 0 = none
 };
 
 struct Nvrtc {
@@ -247,6 +248,13 @@ class CudaBackend final : public Backend {
     return f == c->second.end() ? Functions{} : f->second.functions;
   }
 
+  bool stream_capturing(void* stream) noexcept override {
+    const Driver* d = driver_or_null();
+    int status = 0;
+    if (!d || !d->cuStreamIsCapturing) return true;
+    return d->cuStreamIsCapturing(static_cast<CUstream>(stream), &status) != CUDA_SUCCESS || status != 0;
+  }
+
   const void* module_scope(int /*device: modules are per context*/) noexcept override {
     const Driver* d = driver_or_null();
     CUcontext ctx = nullptr;
@@ -363,6 +371,7 @@ class CudaBackend final : public Backend {
         d.lib.get(d.cuLaunchKernel, "cuLaunchKernel");
         d.lib.get(d.cuModuleGetGlobal, "cuModuleGetGlobal_v2");
         if (env().pdl) d.lib.try_get(d.cuLaunchKernelEx, "cuLaunchKernelEx");
+        d.lib.try_get(d.cuStreamIsCapturing, "cuStreamIsCapturing");
         g_driver = &driver_;  // error names available from here on
         CC1D_CUDA_CHECK(d.cuInit(0), "");
         driver_ok_ = true;

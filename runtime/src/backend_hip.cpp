@@ -49,6 +49,7 @@ struct Hip {
   hipError_t (*hipModuleGetFunction)(hipFunction_t*, hipModule_t, const char*);
   hipError_t (*hipModuleLaunchKernel)(hipFunction_t, unsigned, unsigned, unsigned, unsigned, unsigned,
                                       unsigned, unsigned, hipStream_t, void**, void**);
+  hipError_t (*hipStreamIsCapturing)(hipStream_t, int*) = nullptr;  // optional; the status: 0 = none
 };
 
 struct Hiprtc {
@@ -245,6 +246,13 @@ class HipBackend final : public Backend {
     return f == modules_[device].end() ? Functions{} : f->second.functions;
   }
 
+  bool stream_capturing(void* stream) noexcept override {
+    const Hip* h = hip_or_null();
+    int status = 0;
+    if (!h || !h->hipStreamIsCapturing) return true;
+    return h->hipStreamIsCapturing(static_cast<hipStream_t>(stream), &status) != hipSuccess || status != 0;
+  }
+
   const void* module_scope(int device) noexcept override {
     // Modules are kept per device; the handle is the device, offset so that it is never null.
     return reinterpret_cast<const void*>(uintptr_t(device) + 1);
@@ -342,6 +350,7 @@ class HipBackend final : public Backend {
         h.lib.get(h.hipModuleUnload, "hipModuleUnload");
         h.lib.get(h.hipModuleGetFunction, "hipModuleGetFunction");
         h.lib.get(h.hipModuleLaunchKernel, "hipModuleLaunchKernel");
+        h.lib.try_get(h.hipStreamIsCapturing, "hipStreamIsCapturing");
         g_hip = &hip_;
         CC1D_HIP_CHECK(h.hipRuntimeGetVersion(&h.runtime_version), "");
         if (h.runtime_version < 50000000)

@@ -473,6 +473,8 @@ Functions functions_on(const Location& l, const KernelVariant& v, bool with_redu
   return f;
 }
 
+void count_load() { g_loads.fetch_add(1, std::memory_order_relaxed); }
+
 std::shared_ptr<const Decision> decide_loaded(const Call& c, const Location& l, bool with_reduce, Functions* f) {
   return decide_ready(c, arch_id_of(l), [&](const KernelVariant& v) {
     const Functions loaded = functions_on(l, v, with_reduce);

@@ -67,6 +67,8 @@ int arch_id_of(const Location& l);  // remembered per device
 // the compile cache) and loaded on first use there. with_reduce: cc1d_reduce
 // too (backward and varlen variants).
 Functions functions_on(const Location& l, const KernelVariant& v, bool with_reduce);
+// Counts a module an op loaded itself (an update plan's fixed kernel) in dispatch_stats().loads.
+void count_load();
 
 // The decision for `c` with its variant's kernels ready: loaded on l's device
 // (into *f unless f is null), or only compiled for the decision's arch (no device needed). A

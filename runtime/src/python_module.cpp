@@ -664,6 +664,17 @@ PYBIND11_MODULE(_cc1d, m) {
       "launch_upd(variant, <upd's arguments>): exactly this variant.");
 
   m.def(
+      "upd_fixed_options",
+      [](const UpdPtrs& ptrs, const UpdSizes& sizes, const UpdStrides& strides, int64_t pad_slot_id, int x_dtype,
+         int w_dtype, bool silu) {
+        return cc1d::upd_fixed_options(make_upd_args(ptrs, sizes, strides, pad_slot_id, x_dtype, w_dtype, silu, 0));
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("pad_slot_id"), py::arg("x_dtype"),
+      py::arg("w_dtype"), py::arg("silu"),
+      "upd_fixed_options(<upd's arguments but stream>) -> list of str: the compiler options of an update plan's "
+      "fixed kernel for such calls (their sizes, strides and optional inputs as constants).");
+
+  m.def(
       "select_upd",
       [](const UpdPtrs& ptrs, const UpdSizes& sizes, const UpdStrides& strides, int64_t pad_slot_id, int x_dtype,
          int w_dtype, bool silu, int64_t stream, const std::string& arch) {

@@ -120,7 +120,7 @@ Explanation precompile_fwd(const FwdArgs& args, const std::string& arch);
 // a call that adds to either did work a CUDA-graph capture cannot hold.
 struct DispatchStats {
   uint64_t decisions = 0;  // dispatch decisions computed (memo misses, explain_fwd included)
-  uint64_t loads = 0;      // kernels loaded into a context (each after a compile-cache lookup)
+  uint64_t loads = 0;      // kernels loaded into a context (each after a compile-cache lookup; fixed ones too)
   uint64_t compiles = 0;   // compiler invocations (compile-cache misses in memory and on disk)
   uint64_t corrupt_cache_files = 0;  // disk-cache files that failed their hash check (then rebuilt)
 };
@@ -305,6 +305,10 @@ KernelVariant select_upd(const UpdArgs& args, const std::string& arch = "");
 Explanation explain_upd(const UpdArgs& args, const std::string& arch = "");
 Explanation prepare_upd(const UpdArgs& args, int device = -1);
 void launch_upd(const KernelVariant& v, const UpdArgs& args);
+// The compiler options (-D...) of an update plan's fixed kernel for calls like `args`:
+// every size and stride but batch and pool, the activation, and which optional inputs
+// (bias, cache_seqlens, conv_state_indices, num_accepted_tokens) it has, as constants.
+std::vector<std::string> upd_fixed_options(const UpdArgs& args);
 
 // The per-call part of an update call: its buffers (UpdParams' pointers).
 struct UpdBuffers {
@@ -320,10 +324,13 @@ struct UpdBuffers {
 
 // Repeated update calls of one kind, as FwdPlan is for the forward: run(buffers,
 // stream) is causal_conv1d_update with `args`' non-pointer fields and these
-// buffers, same checks, same kernel, reusing its last decision and loaded
+// buffers, same checks, same variant, reusing its last decision and loaded
 // kernel while the buffers' features (bias, conv_state_indices present) and
 // alignment class, the module scope and the dispatcher's state are unchanged.
-// Thread-safe; not copyable.
+// It launches the variant's fixed kernel (upd_fixed_options: these sizes and
+// strides compiled in), compiled and loaded on first use outside stream capture
+// (prepare_upd loads it too); the generic kernel while none is loaded, if it
+// fails, or with CC1D_UPD_GENERIC=1. Thread-safe; not copyable.
 class UpdPlan {
  public:
   explicit UpdPlan(const UpdArgs& args);  // args.p's pointers and args.stream are not used
