@@ -312,3 +312,32 @@ def test_a_stopped_run_keeps_the_report_of_the_shapes_it_finished(tmp_path, caps
     code, _, _ = run(argv + ["--db", tmp_path / "run2.db"], capsys, probe=lambda: H100)
     data = json.loads(report.read_text())
     assert code == 0 and (data["complete"], data["shapes"], len(data["results"])) == (True, 2, 2)
+
+
+def test_db_rerender_keeps_winners_whose_kernel_is_unchanged(nvrtc_rt, tmp_path, capsys):
+    """A winner stored with a source that differs from today's render only in a comment gets
+    the render (same config, time and date); one whose kernel differs is left and named;
+    validate then finds only that one."""
+    fams = families("fwd", "cf")
+    same, other = default_variant(fams[0]), default_variant(fams[1])
+    path = tmp_path / "r.db"
+    with TuningDB(path) as db:
+        for v, source in ((same, same.source + "\n// a comment the compiler drops\n"),
+                          (other, other.source + '\nextern "C" __global__ void cc1d_extra() {}\n')):
+            db.put_winner(source, arch="sm_90", family_key=v.family.key(), shape_key="b1.d64.l8.bias.silu",
+                          op="fwd", batch=1, dim=64, seqlen=8, features="bias,silu", variant_key=v.key(),
+                          config=v.params, **v.geometry(), time_us=3.5, environment={})
+        before = {w["family_key"]: w for w in db.winners()}
+    code, out, _ = run(["db", "rerender", "--db", path], capsys)
+    assert code == 1 and "1 winners re-rendered" in out and "1 left" in out
+    assert f"LEFT sm_90 {other.family.key()}" in out and "its kernel changed" in out
+    with TuningDB(path, readonly=True) as db:
+        after = {w["family_key"]: w for w in db.winners()}
+        problems = db.validate()
+    assert after[same.family.key()]["source_hash"] == same.hash()
+    for k in ("time_us", "created_at", "config", "variant_key"):
+        assert after[same.family.key()][k] == before[same.family.key()][k], k
+    assert after[other.family.key()] == before[other.family.key()]
+    assert len(problems) == 1 and other.family.key() in problems[0]
+    code, out, _ = run(["db", "rerender", "--db", path, "--ops", "bwd"], capsys)
+    assert code == 0 and "0 winners re-rendered" in out and "0 left" in out

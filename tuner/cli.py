@@ -77,10 +77,14 @@ def db_parser() -> argparse.ArgumentParser:
                       ("import-report", "store a run's winners from its --report JSON (where the run's "
                                         "DB was lost), each source checked against the hash the run timed"),
                       ("validate", "check every winner: source hash, epoch, re-rendered source"),
+                      ("rerender", "store the templates' render of each winner whose stored source differs "
+                                   "from it but compiles to the same binary (configs and times kept)"),
                       ("finalize", "validate, then make the DB one self-contained file for shipping "
                                    "(VACUUM, WAL folded in, journal_mode=DELETE)")):
         s = sub.add_parser(name, help=doc)
         s.add_argument("--db", default=None, help=f"tuning DB (default: {default_db_path()})")
+        if name == "rerender":
+            s.add_argument("--ops", help="only winners of these ops (comma-separated: fwd,bwd,vfwd,upd)")
         if name == "validate":
             s.add_argument("--compile", action="store_true",
                            help="also compile every winner for its arch (NVRTC / hipRTC, no GPU needed)")
@@ -338,6 +342,16 @@ def db_main(argv: Sequence[str]) -> int:
                 with TuningDB(f, readonly=True) as other:
                     n += db.merge_from(other, replace=args.replace)
             print(f"merged {n} winners into {path}")
+        elif args.cmd == "rerender":
+            rt = _runtime()
+            ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
+            done, left = db.rerender(lambda src, arch: rt.compile(src, arch)[0], ops)
+            for name in done:
+                print(f"re-rendered {name}")
+            for why in left:
+                print(f"LEFT {why}")
+            print(f"{len(done)} winners re-rendered in {path} (binaries identical), {len(left)} left")
+            return 1 if left else 0
         elif args.cmd == "validate":
             problems = db.validate()
             if args.compile:

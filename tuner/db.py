@@ -349,6 +349,45 @@ class TuningDB:
         return problems
 
 
+    def rerender(self, compile: Callable[[str, str], bytes], ops: Iterable[str] | None = None
+                 ) -> tuple[list[str], list[str]]:
+        """Store the current templates' render of each winner (of `ops`; default all) whose
+        stored source differs from it, where the binaries ``compile(source, arch)`` makes
+        of the two are byte-identical: the template changed in a way that does not reach
+        the kernel (a comment, code behind a macro the runtime does not set), so its config,
+        times and dates stay true. Returns (the winners re-rendered, those left because
+        their kernel changed: a re-tune's business); all replacements in one transaction."""
+        ops = None if ops is None else set(ops)
+        binaries: dict[tuple[str, str], bytes] = {}
+
+        def binary(source: str, arch: str) -> bytes:
+            key = (sha256(source), arch)
+            if key not in binaries:
+                binaries[key] = bytes(compile(source, arch))
+            return binaries[key]
+
+        redo, done, left = [], [], []
+        for w in self.winners():
+            if ops is not None and w["op"] not in ops:
+                continue
+            name = f"{w['arch']} {w['family_key']} {w['shape_key']} ({w['variant_key']})"
+            stored = self.source(w["source_hash"])
+            if w["epoch"] != EPOCH or stored is None:
+                left.append(f"{name}: generator epoch {w['epoch']} or no stored source; re-tune it")
+                continue
+            new = Variant.of(family_from_key(w["family_key"]), **json.loads(w["config"])).source
+            if new == stored:
+                continue
+            if binary(stored, w["arch"]) != binary(new, w["arch"]):
+                left.append(f"{name}: its kernel changed with the templates; re-tune it")
+                continue
+            redo.append((new, {**w, "source_hash": None}))
+            done.append(name)
+        with self.transaction():
+            for source, row in redo:
+                self.put_winner(source, **row)
+        return done, left
+
     def compile_problems(self, compile: Callable[[str, str], object], archs: Iterable[str] | None = None,
                          workers: int = 1) -> list[str]:
         """Compile each distinct winner source once per arch (``compile(source, arch)``
