@@ -85,14 +85,14 @@ def _defines(options):
 FIXED_FAMILIES = [f for f in UPD if f.width == 4 or (f.x_dtype, f.w_dtype, f.layout) == ("bf16", "bf16", "cl")]
 
 
-def test_fixed_options_name_every_constant_once(nvrtc):
-    opts = nvrtc.upd_fixed_options(*fixed_call(UPD[0], pad=-(1 << 63), indices=True))
+def test_fixed_options_name_every_constant_once(rt):
+    opts = rt.upd_fixed_options(*fixed_call(UPD[0], pad=-(1 << 63), indices=True))
     names = [o[2:].partition("=")[0] for o in opts]
     assert names[0] == "CC1D_UPD_FIXED" and len(names) == len(set(names)) == 25
     assert "-DCC1D_FIX_DIM=((long long)640ULL)" in opts and "-DCC1D_FIX_HAS_INDICES=((long long)1ULL)" in opts
     assert "-DCC1D_FIX_PAD_SLOT_ID=((long long)9223372036854775808ULL)" in opts  # int64 min, as the kernel reads it
     assert "-DCC1D_FIX_HAS_BIAS=((long long)1ULL)" in opts
-    assert "-DCC1D_FIX_HAS_BIAS=((long long)0ULL)" in nvrtc.upd_fixed_options(*fixed_call(UPD[0], bias=False))
+    assert "-DCC1D_FIX_HAS_BIAS=((long long)0ULL)" in rt.upd_fixed_options(*fixed_call(UPD[0], bias=False))
 
 
 @pytest.mark.parametrize("features", [dict(), dict(indices=True, bias=False, silu=False),
@@ -122,7 +122,7 @@ def test_fixed_update_kernels_compile_for_sm90_without_spills_and_shrink(nvrtc, 
 
 @pytest.mark.amd
 @pytest.mark.parametrize("target", AMD_TARGETS)
-def test_fixed_update_kernels_compile_for_amd(trixie, nvrtc, target):  # noqa: F811
+def test_fixed_update_kernels_compile_for_amd(trixie, rt, target):  # noqa: F811
     """The same fixed kernels through hipRTC (the constants as #define lines: the worker
     passes no options)."""
     from types import SimpleNamespace
@@ -131,7 +131,7 @@ def test_fixed_update_kernels_compile_for_amd(trixie, nvrtc, target):  # noqa: F
         if f.width != 4:
             continue
         v = default_variant(f, target)
-        opts = nvrtc.upd_fixed_options(*fixed_call(f, indices=True))
+        opts = rt.upd_fixed_options(*fixed_call(f, indices=True))
         chosen.append(SimpleNamespace(key=lambda k=v.key(): k + "+fixed", source=_defines(opts) + v.source))
     results = _compile_batch(trixie, target, chosen)
     failed = [f"{r['key']}: {r['log'][-1500:]}" for r in results if not r["ok"]]
