@@ -73,6 +73,10 @@ def _same_peer(*runs: dict | None) -> str:
     return _peer_name(given[0]) if given and len(versions) == 1 else "causal-conv1d"
 
 
+# What the tables show where the peer did not run.
+_NO_PEER = "are empty, and ANCHORS.md's own measurement is quoted for reference."
+
+
 def peer_sentence(rows: list[dict], peer: str = "causal-conv1d") -> str:
     """Which benchmarks timed the peer in their own run: the forward and backward runs are
     separate, and a device without the peer's wheel leaves one of them without it.
@@ -82,13 +86,11 @@ def peer_sentence(rows: list[dict], peer: str = "causal-conv1d") -> str:
     ran = [op for op in ops if any(r["peer_us"] or r["peer_error"] for r in rows if r["op"] == op)]
     missing = [names[op] for op in ops if op not in ran]
     if not ran:
-        return ("Dao-AILab causal-conv1d was not installed in these runs: the peer columns of the same run are "
-                "empty, and ANCHORS.md's own measurement is quoted for reference.")
+        return f"Dao-AILab causal-conv1d was not installed in these runs: the peer columns of the same run {_NO_PEER}"
     text = (f"Dao-AILab {peer} (built from its sdist for sm_90) ran in the same run as the "
             f"{' and '.join(names[op] for op in ran)} benchmark{'s' if len(ran) > 1 else ''}.")
     if missing:
-        text += (f" It was not installed in the {' and '.join(missing)} run: those peer columns are empty, and "
-                 f"ANCHORS.md's own measurement is quoted for reference.")
+        text += f" It was not installed in the {' and '.join(missing)} run: those peer columns {_NO_PEER}"
     return text
 
 
