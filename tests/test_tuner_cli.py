@@ -341,3 +341,8 @@ def test_db_rerender_keeps_winners_whose_kernel_is_unchanged(nvrtc_rt, tmp_path,
     assert len(problems) == 1 and other.family.key() in problems[0]
     code, out, _ = run(["db", "rerender", "--db", path, "--ops", "bwd"], capsys)
     assert code == 0 and "0 winners re-rendered" in out and "0 left" in out
+    with TuningDB(path) as db:
+        db.conn.execute("UPDATE winners SET config = ? WHERE family_key = ?",
+                        (json.dumps({"no_such_param": 1}), same.family.key()))
+    code, out, _ = run(["db", "rerender", "--db", path], capsys)
+    assert code == 1 and "config does not fit the generator's space" in out and "2 left" in out

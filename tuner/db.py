@@ -69,6 +69,12 @@ def family_from_key(key: str) -> Family:
         raise ValueError(f"family key: expected like 'fwd.cf.bf16wf32.w4', got {key!r} ({exc})") from None
 
 
+def winner_variant(row: dict) -> Variant:
+    """The variant a winners-table row names, rebuilt from its family key and config (as
+    today's generator renders it). ValueError or KeyError where the config does not fit."""
+    return Variant.of(family_from_key(row["family_key"]), **json.loads(row["config"]))
+
+
 class TuningDB:
     """One open tuning DB. ``TuningDB(path)`` creates it if missing (and switches it
     to WAL mode); ``readonly=True`` opens an existing one for reading and changes
@@ -331,7 +337,7 @@ class TuningDB:
                                 f"(the runtime ignores it; re-tune)")
                 continue
             try:
-                v = Variant.of(family_from_key(w["family_key"]), **json.loads(w["config"]))
+                v = winner_variant(w)
             except (ValueError, KeyError) as exc:
                 problems.append(f"{name}: config does not fit the generator's space: {exc}")
                 continue
@@ -375,7 +381,11 @@ class TuningDB:
             if w["epoch"] != EPOCH or stored is None:
                 left.append(f"{name}: generator epoch {w['epoch']} or no stored source; re-tune it")
                 continue
-            new = Variant.of(family_from_key(w["family_key"]), **json.loads(w["config"])).source
+            try:
+                new = winner_variant(w).source
+            except (ValueError, KeyError) as exc:
+                left.append(f"{name}: config does not fit the generator's space: {exc}")
+                continue
             if new == stored:
                 continue
             if binary(stored, w["arch"]) != binary(new, w["arch"]):
