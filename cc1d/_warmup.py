@@ -124,8 +124,9 @@ def warmup(shapes: Iterable[Sequence[int]], *, dtype: torch.dtype = torch.bfloat
            device: Union[None, int, str, torch.device] = None) -> list[dict]:
     """Get ``causal_conv1d_fn`` calls of these (batch, dim, seqlen) shapes ready:
     make the dispatch decisions, compile the kernels (in parallel, through the
-    compile cache) and load them on ``device`` (default: the current CUDA device).
-    Launches nothing and allocates no tensor.
+    compile cache) and load them on ``device`` (default: the current CUDA device),
+    channel-last calls' fixed kernels too (docs/DISPATCH.md). Launches nothing and
+    allocates no tensor.
 
     The calls are assumed to pass torch-allocated contiguous tensors of
     ``layout`` ("cf": x is (batch, dim, seqlen); "cl": x is a (batch, seqlen, dim)

@@ -24,3 +24,13 @@ def nvidia_resources(log: str) -> dict:
         raise AssertionError(f"no ptxas resource report for cc1d_kernel in the compile log:\n{log}")
     return dict(registers=kernels["cc1d_kernel"]["registers"],
                 **{k: sum(r[k] for r in kernels.values()) for k in ("stack", "spill_stores", "spill_loads")})
+
+
+def defines(options: list[str]) -> str:
+    """-DNAME=VALUE options as #define lines (for compilers driven without options: the
+    hipRTC worker)."""
+    lines = []
+    for o in options:
+        name, _, value = o[2:].partition("=")
+        lines.append(f"#define {name} {value}")
+    return "\n".join(lines) + "\n"

@@ -10,6 +10,7 @@ from cc1d.generator import default_variant, fallback_chain, families
 
 from cc1d.generator.covering import axis_values, covering_variants
 from test_compile_amd import AMD_TARGETS, _assert_no_scratch, _compile_batch, trixie  # noqa: F401 (fixture)
+from compile_checks import defines
 from test_compile_nvidia import _check
 
 UPD = families("upd")
@@ -73,15 +74,6 @@ def fixed_call(family, *, batch=4, dim=640, pool=6, bias=True, indices=False, ca
             DTYPE_CODES[family.w_dtype], silu)
 
 
-def _defines(options):
-    """-DNAME=VALUE options as #define lines (for compilers driven without options)."""
-    lines = []
-    for o in options:
-        name, _, value = o[2:].partition("=")
-        lines.append(f"#define {name} {value}")
-    return "\n".join(lines) + "\n"
-
-
 FIXED_FAMILIES = [f for f in UPD if f.width == 4 or (f.x_dtype, f.w_dtype, f.layout) == ("bf16", "bf16", "cl")]
 
 
@@ -132,7 +124,7 @@ def test_fixed_update_kernels_compile_for_amd(trixie, rt, target):  # noqa: F811
             continue
         v = default_variant(f, target)
         opts = rt.upd_fixed_options(*fixed_call(f, indices=True))
-        chosen.append(SimpleNamespace(key=lambda k=v.key(): k + "+fixed", source=_defines(opts) + v.source))
+        chosen.append(SimpleNamespace(key=lambda k=v.key(): k + "+fixed", source=defines(opts) + v.source))
     results = _compile_batch(trixie, target, chosen)
     failed = [f"{r['key']}: {r['log'][-1500:]}" for r in results if not r["ok"]]
     assert not failed, "\n".join(failed)

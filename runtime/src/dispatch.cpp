@@ -473,7 +473,25 @@ Functions functions_on(const Location& l, const KernelVariant& v, bool with_redu
   return f;
 }
 
-void count_load() { g_loads.fetch_add(1, std::memory_order_relaxed); }
+Functions fixed_functions(const KernelVariant& v, const Location& l, const std::vector<std::string>& options,
+                          bool may_load) {
+  std::string joined;
+  for (const std::string& o : options) joined += o + ' ';
+  const std::string key = v.hash + "+fixed:" + sha256_hex(joined);  // the module's name in the backend
+  if (Functions f = l.backend->find_functions(l.device, key); f.kernel || !may_load) return f;
+  try {
+    const CompileResult r = compile_cached(*l.backend, v.source, l.backend->device_target(l.device), options);
+    const Functions f = l.backend->load_functions(l.device, key, r.binary, v.smem_bytes, /*with_reduce=*/false);
+    g_loads.fetch_add(1, std::memory_order_relaxed);
+    return f;
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    why = why.substr(0, why.find('\n'));
+    warn_once("fixed " + key, "the fixed kernel of " + v.key + " (" + joined +
+                                  ") did not compile or load, so its generic kernel serves: " + why);
+    return {};
+  }
+}
 
 std::shared_ptr<const Decision> decide_loaded(const Call& c, const Location& l, bool with_reduce, Functions* f) {
   return decide_ready(c, arch_id_of(l), [&](const KernelVariant& v) {

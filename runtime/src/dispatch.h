@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "backend.h"
 #include "cc1d/cc1d.h"
@@ -67,8 +68,6 @@ int arch_id_of(const Location& l);  // remembered per device
 // the compile cache) and loaded on first use there. with_reduce: cc1d_reduce
 // too (backward and varlen variants).
 Functions functions_on(const Location& l, const KernelVariant& v, bool with_reduce);
-// Counts a module an op loaded itself (an update plan's fixed kernel) in dispatch_stats().loads.
-void count_load();
 
 // The decision for `c` with its variant's kernels ready: loaded on l's device
 // (into *f unless f is null), or only compiled for the decision's arch (no device needed). A
@@ -102,6 +101,54 @@ class RememberedLaunch {
   };
   std::mutex mu_;
   Launch last_;  // guarded by mu_
+};
+
+// ---- fixed kernels ----------------------------------------------------------
+// A plan's kernel can be its decision's source compiled once more with compiler
+// options (-DCC1D_*_FIXED and -DCC1D_FIX_*: the plan's sizes, strides, activation
+// and optional inputs as constants; fwd_fixed_options, upd_fixed_options). Its
+// index arithmetic then folds and the paths the call cannot take drop out.
+
+// The kernel of variant v built with `options` on l: loaded there already (found),
+// else compiled and loaded when `may_load` (counted in dispatch_stats().loads);
+// {} when neither, or when it fails (warned once: the variant, the options and the
+// compiler's first line).
+Functions fixed_functions(const KernelVariant& v, const Location& l, const std::vector<std::string>& options,
+                          bool may_load);
+
+// A plan's fixed kernel for its last decision, module scope and set of optional
+// inputs (bits, one per input the call has). One loaded already (by another plan or
+// prepare_*) serves at once. Nothing is compiled or loaded where the caller says
+// not yet (`may_load` false) or while the stream is capturing a graph: the generic
+// kernel (loaded already) serves, and a later call looks again. The generic kernel
+// also serves where the fixed one failed. Thread-safe.
+class RememberedFixed {
+ public:
+  // options: a callable returning the fixed kernel's compiler options, called only
+  // when the remembered kernel does not fit (the common call builds no strings).
+  template <typename Options>
+  Functions get(const std::shared_ptr<const Decision>& d, const Location& l, void* stream, unsigned inputs,
+                bool may_load, Options&& options, const Functions& generic) {
+    const void* scope = l.backend->module_scope(l.device);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (d != decision_ || scope != scope_ || inputs != inputs_) {
+      may_load = may_load && !l.backend->stream_capturing(stream);
+      const Functions f = fixed_functions(*d->variant, l, options(), may_load);
+      if (!f.kernel && !may_load) return generic;
+      decision_ = d;
+      scope_ = scope;
+      inputs_ = inputs;
+      fixed_ = f;
+    }
+    return fixed_.kernel ? fixed_ : generic;
+  }
+
+ private:
+  std::mutex mu_;
+  std::shared_ptr<const Decision> decision_;  // guarded by mu_, as the three below
+  const void* scope_ = nullptr;
+  unsigned inputs_ = 0;
+  Functions fixed_;  // kernel null: none (it failed), the generic one serves
 };
 
 unsigned grid_dim(int64_t n, int tile, unsigned max);

@@ -334,6 +334,17 @@ PYBIND11_MODULE(_cc1d, m) {
       py::arg("w_dtype"), py::arg("silu"), py::arg("stream"));
 
   m.def(
+      "fwd_fixed_options",
+      [](const Ptrs& ptrs, const Sizes& sizes, const Strides& strides, int x_dtype, int w_dtype, bool silu) {
+        return cc1d::fwd_fixed_options(make_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, 0));
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
+      py::arg("silu"),
+      "fwd_fixed_options(<fwd's arguments but stream>) -> list of str: the compiler options of a forward plan's "
+      "fixed kernel for such calls (dim, the strides batch and seqlen do not set and the optional inputs as "
+      "constants).");
+
+  m.def(
       "select_fwd",
       [](const Ptrs& ptrs, const Sizes& sizes, const Strides& strides, int x_dtype, int w_dtype, bool silu,
          int64_t stream, const std::string& arch) {

@@ -1,11 +1,8 @@
 // Decode-update entry points (cc1d.h, causal_conv1d_update): check, decide
 // (dispatch.h, op "upd"), launch one kernel on the caller's stream.
 #include "cc1d/cc1d.h"
-#include "compile_cache.h"
 #include "dispatch.h"
 #include "env.h"
-#include "log.h"
-#include "sha256.h"
 #include "tuning_db.h"
 
 namespace cc1d {
@@ -58,39 +55,16 @@ void launch_on(const Location& l, const KernelVariant& v, const Functions& f, co
 }
 
 // ---- fixed kernels ---------------------------------------------------------
-// A plan's update kernel can be its decision's source compiled once more with the
-// call's sizes, strides, activation and optional inputs as constants (upd.cu.j2,
-// CC1D_UPD_FIXED; upd_fixed_options): the index arithmetic folds and the paths the
-// call cannot take drop out, which at decode sizes is much of a launch's time. batch
-// and pool stay run-time values, so one fixed kernel serves every batch size of a
-// layer. Plans launch it (and prepare_upd loads it) unless CC1D_UPD_GENERIC=1.
+// Update plans launch a fixed kernel (dispatch.h; upd.cu.j2, CC1D_UPD_FIXED): every
+// size and stride but batch and pool as constants, which at decode sizes saves much
+// of a launch's time; batch and pool stay run-time values, so one fixed kernel
+// serves every batch size of a layer. Plans launch it (and prepare_upd loads it)
+// unless CC1D_UPD_GENERIC=1.
 
 // Which optional inputs a call has: bias, cache_seqlens, conv_state_indices, num_accepted_tokens.
 unsigned optional_inputs(const UpdParams& p) {
   return (p.bias ? 1u : 0u) | (p.cache_seqlens ? 2u : 0u) | (p.conv_state_indices ? 4u : 0u) |
          (p.num_accepted_tokens ? 8u : 0u);
-}
-
-// The fixed kernel of variant v for the call `a` on l: loaded there already (found), else
-// compiled and loaded when `may_load`; {} when neither (or it fails: warned once).
-Functions fixed_functions(const KernelVariant& v, const Location& l, const UpdArgs& a, bool may_load) {
-  const std::vector<std::string> options = upd_fixed_options(a);
-  std::string joined;
-  for (const std::string& o : options) joined += o + ' ';
-  const std::string key = v.hash + "+fixed:" + sha256_hex(joined);  // the module's name in the backend
-  if (Functions f = l.backend->find_functions(l.device, key); f.kernel || !may_load) return f;
-  try {
-    const CompileResult r = compile_cached(*l.backend, v.source, l.backend->device_target(l.device), options);
-    const Functions f = l.backend->load_functions(l.device, key, r.binary, v.smem_bytes, /*with_reduce=*/false);
-    count_load();
-    return f;
-  } catch (const std::exception& e) {
-    std::string why = e.what();
-    why = why.substr(0, why.find('\n'));
-    warn_once("upd-fixed " + key, "the fixed update kernel of " + v.key + " (" + joined +
-                                      ") did not compile or load, so its generic kernel serves: " + why);
-    return {};
-  }
 }
 
 }  // namespace
@@ -153,7 +127,7 @@ Explanation prepare_upd(const UpdArgs& args, int device) {
   const std::shared_ptr<const Decision> d = decide_loaded(upd_call(args, layout), l, /*with_reduce=*/false, nullptr);
   // A plan's fixed kernel too, so that a graph captured next can record it (plans load
   // nothing while their stream is capturing).
-  if (env().upd_fixed) fixed_functions(*d->variant, l, args, /*may_load=*/true);
+  if (env().upd_fixed) fixed_functions(*d->variant, l, upd_fixed_options(args), /*may_load=*/true);
   return explanation_of(*d);
 }
 
@@ -174,34 +148,9 @@ void launch_upd(const KernelVariant& v, const UpdArgs& args) {
 
 // ---- UpdPlan ---------------------------------------------------------------
 
-// The last decision and its kernels (RememberedLaunch), and the fixed kernel the plan
-// launches for that decision, module scope and set of optional inputs.
+// The last decision and its kernels, and the fixed kernel the plan launches for them.
 struct UpdPlan::Remembered : RememberedLaunch {
-  Functions fixed_for(const std::shared_ptr<const Decision>& d, const Location& l, const UpdArgs& a,
-                      const Functions& generic) {
-    const unsigned inputs = optional_inputs(a.p);
-    const void* scope = l.backend->module_scope(l.device);
-    std::lock_guard<std::mutex> lock(mu);
-    if (d != decision || scope != fixed_scope || inputs != fixed_inputs) {
-      // Nothing is loaded while the stream is capturing a graph: the generic kernel
-      // (loaded already) serves, and a later call looks again.
-      const bool may_load = !l.backend->stream_capturing(a.stream);
-      const Functions f = fixed_functions(*d->variant, l, a, may_load);
-      if (!f.kernel && !may_load) return generic;
-      decision = d;
-      fixed_scope = scope;
-      fixed_inputs = inputs;
-      fixed = f;
-    }
-    return fixed.kernel ? fixed : generic;
-  }
-
- private:
-  std::mutex mu;
-  std::shared_ptr<const Decision> decision;  // guarded by mu, as the three below
-  const void* fixed_scope = nullptr;
-  unsigned fixed_inputs = 0;
-  Functions fixed;  // kernel null: none (it failed), the generic one serves
+  RememberedFixed fixed;
 };
 
 UpdPlan::UpdPlan(const UpdArgs& args) : args_(args), remembered_(std::make_unique<Remembered>()) {}
@@ -223,7 +172,8 @@ void UpdPlan::run(const UpdBuffers& b, void* stream) const {
   if (l.device < 0) throw_no_device(a.p.x);
   Functions f;
   const std::shared_ptr<const Decision> d = remembered_->get(upd_call(a, layout), l, &f);
-  if (env().upd_fixed) f = remembered_->fixed_for(d, l, a, f);
+  if (env().upd_fixed)
+    f = remembered_->fixed.get(d, l, a.stream, optional_inputs(a.p), /*may_load=*/true, [&a] { return upd_fixed_options(a); }, f);
   launch_on(l, *d->variant, f, a);
 }
 

@@ -108,6 +108,8 @@ Explanation explain_fwd(const FwdArgs& args, const std::string& arch = "");
 // takes the next choice (another tuned entry, else the catalog), which
 // explain_fwd reports from then on. A catalog kernel that does not compile
 // throws CompileError.
+// It loads the decision's fixed kernel for FwdPlan too (channel-last calls;
+// fwd_fixed_options; not with CC1D_FWD_GENERIC=1).
 Explanation prepare_fwd(const FwdArgs& args, int device = -1);
 
 // prepare_fwd for a target instead of a device: decides for `arch` (required)
@@ -140,6 +142,11 @@ void clear_dispatch_cache();
 // cache and launch path as causal_conv1d_fwd). Throws InvalidArgument if the
 // call breaks the variant's stated requirements.
 void launch_fwd(const KernelVariant& v, const FwdArgs& args);
+// The compiler options (-D...) of a forward plan's fixed kernel for calls like `args`:
+// dim, the activation, which optional inputs (bias, seq_idx, initial_states,
+// final_states) it has, and the strides batch and seqlen do not set (along seqlen;
+// across channels too in the channel-last layout), as constants.
+std::vector<std::string> fwd_fixed_options(const FwdArgs& args);
 
 // The per-call part of a forward call: its buffers (FwdParams' pointers).
 struct FwdBuffers {
@@ -160,7 +167,12 @@ struct FwdBuffers {
 // module scope (CUDA: the current context) and the dispatcher's state (tuning
 // DBs, clear_dispatch_cache) are unchanged: a repeated call checks its
 // arguments, locates x and launches, skipping the dispatcher's memo and the
-// module lookup. Thread-safe; not copyable.
+// module lookup. A channel-last plan launches the variant's fixed kernel
+// (fwd_fixed_options: dim and the strides batch and seqlen do not set, compiled
+// in), compiled and loaded from its second run on, outside stream capture
+// (prepare_fwd loads it too); the generic kernel on its first run, while none is
+// loaded, if it fails, for channel-first calls, or with CC1D_FWD_GENERIC=1.
+// Thread-safe; not copyable.
 class FwdPlan {
  public:
   explicit FwdPlan(const FwdArgs& args);  // args.p's pointers and args.stream are not used

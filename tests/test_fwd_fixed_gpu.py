@@ -1,0 +1,141 @@
+"""GPU: forward plans' fixed kernels (the variant compiled with the call's dim, activation,
+optional inputs and the strides seqlen does not set as constants; fwd_fixed_options).
+A channel-last plan's first run launches the generic kernel, its second compiles and
+loads the fixed one; channel-first plans keep the generic kernel. Every run agrees bit
+for bit with the runtime's plain entry, and with the float64 reference. Capture,
+warm-up and CC1D_FWD_GENERIC=1 (marker: gpu)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")]
+
+import cc1d  # noqa: E402
+from cc1d import ops  # noqa: E402
+
+from fwd_cases import Case, assert_close, make_inputs, poisoned, reference  # noqa: E402
+
+PAIRS = (("f32", "f32"), ("f16", "f16"), ("f16", "f32"), ("bf16", "bf16"), ("bf16", "f32"))
+
+
+@pytest.fixture(autouse=True)
+def poison_api_outputs(monkeypatch):
+    """Every output the API allocates starts as NaN: an element a kernel skips fails."""
+    real, real_like = ops._empty_like_layout, ops._empty_like
+    monkeypatch.setattr(ops, "_empty_like_layout", lambda x, shape, dtype=None: real(x, shape, dtype).fill_(float("nan")))
+    monkeypatch.setattr(ops, "_empty_like", lambda x: real_like(x).fill_(float("nan")))
+
+
+def _bits(t):
+    return t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+def _case(i):
+    """Case i: layout, dtypes, width, sizes and every optional input vary; dims fit no tile
+    and differ between cases (a fixed kernel is shared by the calls whose constants match)."""
+    xd, wd = PAIRS[i % len(PAIRS)]
+    return Case(layout=("cl", "cf")[i % 2], x_dtype=xd, w_dtype=wd, width=(4, 2, 3, 4, 5, 8)[i % 6],
+                batch=(1, 3, 2, 5)[i % 4], dim=(5128, 100, 2072, 664)[i // 4 % 4] + 2 * i,
+                seqlen=(1, 127, 1000, 4097)[i // 3 % 4], bias=i % 3 != 2, silu=i % 4 != 1,
+                seq_idx=i % 5 == 3, states=i % 4 == 2, final=i % 3 == 0, sliced=i % 7 == 4)
+
+
+def _api(case, inp, fs_out):
+    res = cc1d.causal_conv1d_fn(inp["x"], inp["weight"], inp["bias"], seq_idx=inp["seq_idx"],
+                                initial_states=inp["initial_states"], return_final_states=case.final,
+                                final_states_out=fs_out, activation="silu" if case.silu else None)
+    return res if case.final else (res, None)
+
+
+@pytest.mark.parametrize("i", range(16))
+def test_a_plans_fixed_kernel_equals_the_generic_kernel_bit_for_bit(i):
+    case = _case(i)
+    inp = make_inputs(case, seed=500 + i)
+    fs_shape = (case.batch, case.dim, case.width - 1)
+    fs_generic = poisoned(fs_shape, inp["x"].dtype) if case.final else None
+    generic = ops._forward_impl(inp["x"], inp["weight"], inp["bias"], inp["seq_idx"], inp["initial_states"],
+                                fs_generic, case.silu)  # the runtime's plain entry (also torch.compile's)
+    ops._FWD_PLANS.clear()
+    torch.cuda.synchronize()
+    before = cc1d.dispatch_stats()
+    runs = []
+    for _ in range(3):
+        fs = poisoned(fs_shape, inp["x"].dtype) if case.final else None
+        runs.append(_api(case, inp, fs))
+        torch.cuda.synchronize()
+        runs[-1] += (cc1d.dispatch_stats()["loads"] - before["loads"],)
+    fixed = case.layout == "cl"  # the layout plans fix (forward.cpp, plans_fix)
+    assert [r[2] for r in runs] == ([0, 1, 1] if fixed else [0, 0, 0]), \
+        "a channel-last plan's 2nd run loads its fixed kernel, once; a channel-first plan none"
+    ref_out, ref_fs = reference(case, inp)
+    for out, fs, _ in runs:
+        assert torch.equal(_bits(out), _bits(generic)), case.id()
+        assert_close(f"{case.id()} out", out, ref_out, case.x_dtype)
+        if case.final:
+            assert torch.equal(_bits(fs), _bits(fs_generic))
+            assert_close(f"{case.id()} final_states", fs, ref_fs, case.x_dtype)
+
+
+def test_a_capture_before_the_fixed_kernel_is_loaded_records_the_generic_one():
+    """A plan loads nothing while its stream captures a graph (capture_error_mode "global"
+    refuses module loads): a capture at the plan's second run records the generic kernel
+    and replays correctly; the next eager call loads the fixed kernel."""
+    case = Case(layout="cl", x_dtype="bf16", w_dtype="bf16", batch=2, dim=776, seqlen=300)
+    inp = make_inputs(case, seed=78)
+    ops._FWD_PLANS.clear()
+    first = cc1d.causal_conv1d_fn(inp["x"], inp["weight"], inp["bias"], activation="silu")  # generic
+    torch.cuda.synchronize()
+    before = cc1d.dispatch_stats()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="global"):
+        out = cc1d.causal_conv1d_fn(inp["x"], inp["weight"], inp["bias"], activation="silu")
+    assert cc1d.dispatch_stats() == before, "the capture compiled or loaded a kernel"
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, first)
+    assert_close("replayed", out, reference(case, inp)[0], case.x_dtype)
+    again = cc1d.causal_conv1d_fn(inp["x"], inp["weight"], inp["bias"], activation="silu")
+    torch.cuda.synchronize()
+    assert cc1d.dispatch_stats()["loads"] == before["loads"] + 1  # now the fixed kernel
+    assert torch.equal(again, first)
+
+
+def test_warmup_loads_the_fixed_kernel_so_planned_calls_load_nothing():
+    ops._FWD_PLANS.clear()
+    batch, dim, seqlen = 2, 1352, 257
+    cc1d.warmup([(batch, dim, seqlen)], layout="cl")
+    x = torch.randn(batch, seqlen, dim, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    w = torch.randn(dim, 4, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(dim, device="cuda", dtype=torch.bfloat16)
+    before = cc1d.dispatch_stats()
+    outs = [cc1d.causal_conv1d_fn(x, w, b, activation="silu") for _ in range(3)]
+    torch.cuda.synchronize()
+    assert cc1d.dispatch_stats() == before
+    assert torch.equal(outs[0], outs[2])
+
+
+def test_cc1d_fwd_generic_turns_fixed_kernels_off(tmp_path):
+    """The switch is read once per process: each setting runs in a fresh one (outside the
+    source tree, whose cc1d/ would shadow the installed package)."""
+    script = (
+        "import torch, cc1d\n"
+        "x = torch.randn(2, 100, 640, device='cuda').transpose(1, 2)\n"
+        "w = torch.randn(640, 4, device='cuda')\n"
+        "outs = [cc1d.causal_conv1d_fn(x, w, activation='silu') for _ in range(3)]\n"
+        "torch.cuda.synchronize()\n"
+        "print(cc1d.dispatch_stats()['loads'])\n")
+    def loads(**switch):
+        env = {k: v for k, v in os.environ.items() if k != "CC1D_FWD_GENERIC"}
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                             env={**env, **switch})
+        assert run.returncode == 0, run.stderr[-3000:]
+        return run.stdout.split()
+
+    assert loads(CC1D_FWD_GENERIC="1") == ["1"]  # the generic kernel only
+    assert loads() == ["2"]  # and the fixed one
