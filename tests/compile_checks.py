@@ -34,3 +34,21 @@ def defines(options: list[str]) -> str:
         name, _, value = o[2:].partition("=")
         lines.append(f"#define {name} {value}")
     return "\n".join(lines) + "\n"
+
+
+def fixed_kernel_problems(nvrtc, variant, options: list[str], shrink: int) -> list[str]:
+    """A plan's fixed kernel of `variant` compiled for sm_90 with `options`: what is wrong
+    with it (a compile error, local memory, or a binary not under 1/shrink of the
+    generic kernel's size), as messages naming the variant; [] when nothing is."""
+    try:
+        fixed, log = nvrtc.compile(variant.source, "sm_90", [*options, *PTXAS_VERBOSE])
+    except RuntimeError as exc:
+        return [f"{variant.key()}: {str(exc)[:1500]}"]
+    problems = []
+    res = nvidia_resources(log)
+    generic = nvrtc.compile(variant.source, "sm_90", [])[0]
+    if res["spill_stores"] or res["spill_loads"] or res["stack"]:
+        problems.append(f"{variant.key()}: local memory {res}")
+    if not len(fixed) < len(generic) // shrink:
+        problems.append(f"{variant.key()}: fixed binary {len(fixed)} bytes, generic {len(generic)}")
+    return problems

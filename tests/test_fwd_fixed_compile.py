@@ -12,7 +12,7 @@ import pytest
 
 from cc1d.generator import default_variant, families
 
-from compile_checks import PTXAS_VERBOSE, defines, nvidia_resources
+from compile_checks import defines, fixed_kernel_problems
 from test_compile_amd import AMD_TARGETS, _assert_no_scratch, _compile_batch, trixie  # noqa: F401 (fixture)
 
 GB = 1 << 32
@@ -96,18 +96,7 @@ def test_fixed_forward_kernels_compile_for_sm90_without_spills_and_shrink(nvrtc,
     failures = []
     for f in FIXED_FAMILIES:
         v = default_variant(f, "sm_90")
-        opts = nvrtc.fwd_fixed_options(*fixed_call(f, **features))
-        try:
-            fixed, log = nvrtc.compile(v.source, "sm_90", [*opts, *PTXAS_VERBOSE])
-        except RuntimeError as exc:
-            failures.append(f"{v.key()}: {str(exc)[:1500]}")
-            continue
-        res = nvidia_resources(log)
-        generic = nvrtc.compile(v.source, "sm_90", [])[0]
-        if res["spill_stores"] or res["spill_loads"] or res["stack"]:
-            failures.append(f"{v.key()}: local memory {res}")
-        if not len(fixed) < len(generic):
-            failures.append(f"{v.key()}: fixed binary {len(fixed)} bytes, generic {len(generic)}")
+        failures += fixed_kernel_problems(nvrtc, v, nvrtc.fwd_fixed_options(*fixed_call(f, **features)), shrink=1)
     assert not failures, "\n".join(failures)
 
 

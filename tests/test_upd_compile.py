@@ -10,7 +10,7 @@ from cc1d.generator import default_variant, fallback_chain, families
 
 from cc1d.generator.covering import axis_values, covering_variants
 from test_compile_amd import AMD_TARGETS, _assert_no_scratch, _compile_batch, trixie  # noqa: F401 (fixture)
-from compile_checks import defines
+from compile_checks import defines, fixed_kernel_problems
 from test_compile_nvidia import _check
 
 UPD = families("upd")
@@ -93,22 +93,10 @@ def test_fixed_update_kernels_compile_for_sm90_without_spills_and_shrink(nvrtc, 
     """Each default update kernel of width 4 (and bf16 channel-last of every width) compiled
     the way a plan does with a call's constants: no errors, no local memory, and much less
     code than the generic kernel (the constants fold it)."""
-    from compile_checks import PTXAS_VERBOSE, nvidia_resources
     failures = []
     for f in FIXED_FAMILIES:
         v = default_variant(f, "sm_90")
-        opts = nvrtc.upd_fixed_options(*fixed_call(f, **features))
-        try:
-            fixed, log = nvrtc.compile(v.source, "sm_90", [*opts, *PTXAS_VERBOSE])
-        except RuntimeError as exc:
-            failures.append(f"{v.key()}: {str(exc)[:1500]}")
-            continue
-        res = nvidia_resources(log)
-        generic = nvrtc.compile(v.source, "sm_90", [])[0]
-        if res["spill_stores"] or res["spill_loads"] or res["stack"]:
-            failures.append(f"{v.key()}: local memory {res}")
-        if not len(fixed) < len(generic) // 2:
-            failures.append(f"{v.key()}: fixed binary {len(fixed)} bytes, generic {len(generic)}")
+        failures += fixed_kernel_problems(nvrtc, v, nvrtc.upd_fixed_options(*fixed_call(f, **features)), shrink=2)
     assert not failures, "\n".join(failures)
 
 

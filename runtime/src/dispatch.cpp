@@ -473,6 +473,10 @@ Functions functions_on(const Location& l, const KernelVariant& v, bool with_redu
   return f;
 }
 
+void add_fixed_define(std::vector<std::string>& options, const char* name, int64_t value) {
+  options.push_back(std::string("-DCC1D_FIX_") + name + "=((long long)" + std::to_string(uint64_t(value)) + "ULL)");
+}
+
 Functions fixed_functions(const KernelVariant& v, const Location& l, const std::vector<std::string>& options,
                           bool may_load) {
   std::string joined;

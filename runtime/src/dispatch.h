@@ -109,6 +109,11 @@ class RememberedLaunch {
 // and optional inputs as constants; fwd_fixed_options, upd_fixed_options). Its
 // index arithmetic then folds and the paths the call cannot take drop out.
 
+// Appends -DCC1D_FIX_<name>=<value> to a fixed kernel's options: any int64 (a
+// pad_slot_id may be anything) as a literal of the kernels' cc1d_i64, which the
+// templates' CC1D_*_FIXED blocks assign to their params.
+void add_fixed_define(std::vector<std::string>& options, const char* name, int64_t value);
+
 // The kernel of variant v built with `options` on l: loaded there already (found),
 // else compiled and loaded when `may_load` (counted in dispatch_stats().loads);
 // {} when neither, or when it fails (warned once: the variant, the options and the

@@ -72,10 +72,7 @@ unsigned optional_inputs(const UpdParams& p) {
 std::vector<std::string> upd_fixed_options(const UpdArgs& args) {
   const UpdParams& p = args.p;
   std::vector<std::string> o{"-DCC1D_UPD_FIXED=1"};
-  const auto def = [&o](const char* name, int64_t v) {
-    // Any int64 (pad_slot_id may be anything) as a literal of the kernel's cc1d_i64.
-    o.push_back(std::string("-DCC1D_FIX_") + name + "=((long long)" + std::to_string(uint64_t(v)) + "ULL)");
-  };
+  const auto def = [&o](const char* name, int64_t v) { add_fixed_define(o, name, v); };
   def("DIM", p.dim);
   def("SEQLEN", p.seqlen);
   def("STATE_LEN", p.state_len);
