@@ -205,6 +205,41 @@ def test_bitwise_deterministic(layout):
             assert torch.equal(a.contiguous().view(bits), b.contiguous().view(bits))
 
 
+@pytest.mark.parametrize("layout", ["cf", "cl"])
+@pytest.mark.parametrize("shape", [(1, 512, 700), (2, 4096, 2048)])
+def test_back_to_back_backwards_wait_for_the_kernel_before(layout, shape):
+    """On sm_90 the backward's kernel and its dweight/dbias reduction are launched before
+    the kernel ahead of them ends (programmatic dependent launch) and wait for it on the
+    device. A chain where each backward's dout is what the kernel just before wrote (the
+    previous backward's dx, or a torch kernel's on it), queued without a synchronization,
+    must equal the same steps run one at a time, dweight and dbias included."""
+    batch, dim, seqlen = shape
+    steps = 20
+    case = Case(layout=layout, x_dtype="bf16", w_dtype="bf16", batch=batch, dim=dim, seqlen=seqlen)
+    inp = make_inputs(case, seed=12)
+    dout0, _ = make_grads(case, inp, 12)
+    # Taps summing to at most 1 in magnitude, and every other step halved: dx stays finite.
+    w = (inp["weight"].float() / inp["weight"].float().abs().sum(-1, keepdim=True)).to(inp["weight"].dtype)
+
+    def run(sync):
+        dout, outs = dout0.clone(), []
+        torch.cuda.synchronize()
+        for i in range(steps):
+            dx, dw, db, _ = cc1d.causal_conv1d_bwd(inp["x"], w, inp["bias"], dout, activation="silu")
+            if sync:
+                torch.cuda.synchronize()
+            dout = dx if i % 2 == 0 else dx * 0.5  # backward after backward, or after a torch kernel
+            outs.append((dx, dw, db))
+        torch.cuda.synchronize()
+        return outs
+
+    queued, stepped = run(sync=False), run(sync=True)
+    assert all(torch.isfinite(t).all() for t in stepped[-1])
+    for i, (a, e) in enumerate(zip(queued, stepped)):
+        for name, got, want in zip(("dx", "dweight", "dbias"), a, e):
+            assert torch.equal(got, want), (i, name)
+
+
 # ---- autograd ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("layout", ["cf", "cl"])

@@ -39,20 +39,24 @@ def test_untuned_upd_kernels_compile_for_sm90_without_spills(nvrtc):
     _check(nvrtc, chains, may_spill=lambda v: False)
 
 
-def test_sm90_update_and_forward_kernels_say_they_wait_for_the_previous_grid(nvrtc):
+def test_sm90_kernels_say_they_wait_for_the_previous_grid(nvrtc):
     """The runtime launches a kernel early (programmatic dependent launch) only where its
-    module exports cc1d_waits_for_previous_grid: sm_90 update, forward and varlen kernels
-    do (they start with griddepcontrol.wait); sm_80 ones cannot, and the backward's do not
-    wait."""
+    module exports cc1d_waits_for_previous_grid: sm_90 update, forward, varlen and backward
+    kernels do (they start with griddepcontrol.wait, the backward's reduction too); sm_80
+    ones cannot."""
     from cc1d.generator.render import render
     marker = b"cc1d_waits_for_previous_grid"
-    for op in ("upd", "fwd", "vfwd"):
+    for op in ("upd", "fwd", "vfwd", "bwd"):
         for layout in ("cf", "cl"):  # one family per op and layout: the code is shared
             v = default_variant(next(f for f in families(op) if f.layout == layout), "sm_90")
             assert marker in bytes(nvrtc.compile(render(v), "sm_90", [])[0]), v.key()
             assert marker not in bytes(nvrtc.compile(render(v), "sm_80", [])[0]), v.key()
-    bwd = default_variant(families("bwd")[0], "sm_90")
-    assert marker not in bytes(nvrtc.compile(render(bwd), "sm_90", [])[0])
+            if op == "bwd":  # both of the module's kernels wait before they touch memory
+                src = render(v)
+                for entry in ("cc1d_kernel(", "cc1d_reduce("):
+                    body = src[src.index(entry):]
+                    first = body[body.index("{") + 1:].lstrip().split("\n", 1)[0]
+                    assert first == "cc1d_wait_for_previous_grid();", (v.key(), entry, first)
 
 
 # ---- plans' fixed kernels (upd.cu.j2 CC1D_UPD_FIXED, runtime upd_fixed_options) ----------

@@ -88,9 +88,10 @@ void launch_on(const Location& l, const KernelVariant& v, const Functions& f, co
   const Dim3 grid{unsigned(params.splits), unsigned(std::min<int64_t>(channel_groups(a.p, v), max.y)), 1};
   backend->launch(f.kernel, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), a.stream, &params,
                   sizeof params, f.waits_for_previous);
-  // Same stream: runs after cc1d_kernel has written every split's partials.
+  // Same stream: sums once cc1d_kernel has written every split's partials (launched
+  // early where the module's kernels wait for the previous grid on the device).
   backend->launch(f.reduce, Dim3{unsigned(reduce_blocks), 1, 1}, Dim3{kReduceThreads, 1, 1}, 0, a.stream, &params,
-                  sizeof params, /*early=*/false);
+                  sizeof params, f.waits_for_previous);
 }
 
 }  // namespace
