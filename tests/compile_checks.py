@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 PTXAS_VERBOSE = ["--ptxas-options=-v"]
 _ENTRY = re.compile(r"Compiling entry function '(\w+)'")
@@ -34,6 +35,14 @@ def defines(options: list[str]) -> str:
         name, _, value = o[2:].partition("=")
         lines.append(f"#define {name} {value}")
     return "\n".join(lines) + "\n"
+
+
+def with_defines(variant, options: list[str], label: str) -> SimpleNamespace:
+    """A plan's fixed kernel of `variant` for compilers driven without options (the hipRTC
+    worker): its options as #define lines ahead of the source, keyed "<variant key>+<label>"
+    (what _compile_batch reads of a variant: key() and source)."""
+    key = f"{variant.key()}+{label}"
+    return SimpleNamespace(key=lambda: key, source=defines(options) + variant.source)
 
 
 def fixed_kernel_problems(nvrtc, variant, options: list[str], shrink: int) -> list[str]:

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from cc1d.generator import default_variant, families
 
-from compile_checks import defines, fixed_kernel_problems
+from compile_checks import fixed_kernel_problems, with_defines
 from test_compile_amd import AMD_TARGETS, _assert_no_scratch, _compile_batch, trixie  # noqa: F401 (fixture)
 
 GB = 1 << 32
@@ -111,7 +110,7 @@ def test_fixed_forward_kernels_compile_for_amd(trixie, rt, target):  # noqa: F81
         v = default_variant(f, target)
         for name, features in (("plain", {}), ("every-input", ALL)):
             opts = rt.fwd_fixed_options(*fixed_call(f, **features))
-            chosen.append(SimpleNamespace(key=lambda k=f"{v.key()}+fixed-{name}": k, source=defines(opts) + v.source))
+            chosen.append(with_defines(v, opts, f"fixed-{name}"))
     results = _compile_batch(trixie, target, chosen)
     failed = [f"{r['key']}: {r['log'][-1500:]}" for r in results if not r["ok"]]
     assert not failed, "\n".join(failed)

@@ -10,7 +10,7 @@ from cc1d.generator import default_variant, fallback_chain, families
 
 from cc1d.generator.covering import axis_values, covering_variants
 from test_compile_amd import AMD_TARGETS, _assert_no_scratch, _compile_batch, trixie  # noqa: F401 (fixture)
-from compile_checks import defines, fixed_kernel_problems
+from compile_checks import fixed_kernel_problems, with_defines
 from test_compile_nvidia import _check
 
 UPD = families("upd")
@@ -49,10 +49,10 @@ def test_sm90_kernels_say_they_wait_for_the_previous_grid(nvrtc):
     for op in ("upd", "fwd", "vfwd", "bwd"):
         for layout in ("cf", "cl"):  # one family per op and layout: the code is shared
             v = default_variant(next(f for f in families(op) if f.layout == layout), "sm_90")
-            assert marker in bytes(nvrtc.compile(render(v), "sm_90", [])[0]), v.key()
-            assert marker not in bytes(nvrtc.compile(render(v), "sm_80", [])[0]), v.key()
+            src = render(v)
+            assert marker in bytes(nvrtc.compile(src, "sm_90", [])[0]), v.key()
+            assert marker not in bytes(nvrtc.compile(src, "sm_80", [])[0]), v.key()
             if op == "bwd":  # both of the module's kernels wait before they touch memory
-                src = render(v)
                 for entry in ("cc1d_kernel(", "cc1d_reduce("):
                     body = src[src.index(entry):]
                     first = body[body.index("{") + 1:].lstrip().split("\n", 1)[0]
@@ -109,14 +109,13 @@ def test_fixed_update_kernels_compile_for_sm90_without_spills_and_shrink(nvrtc, 
 def test_fixed_update_kernels_compile_for_amd(trixie, rt, target):  # noqa: F811
     """The same fixed kernels through hipRTC (the constants as #define lines: the worker
     passes no options)."""
-    from types import SimpleNamespace
     chosen = []
     for f in FIXED_FAMILIES:
         if f.width != 4:
             continue
         v = default_variant(f, target)
         opts = rt.upd_fixed_options(*fixed_call(f, indices=True))
-        chosen.append(SimpleNamespace(key=lambda k=v.key(): k + "+fixed", source=defines(opts) + v.source))
+        chosen.append(with_defines(v, opts, "fixed"))
     results = _compile_batch(trixie, target, chosen)
     failed = [f"{r['key']}: {r['log'][-1500:]}" for r in results if not r["ok"]]
     assert not failed, "\n".join(failed)
