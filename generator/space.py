@@ -305,7 +305,8 @@ FWD_CL = Space(
 # dweight/dbias, reduced per block in a fixed order (no atomics).
 
 # The partial-sum layout: cc1d_kernel's grid is (splits, channel groups) with
-# splits = max(1, min(work items, ceil(split_blocks / channel groups))), and
+# splits = max(1, min(work items, ceil(split_blocks / channel groups))) (the
+# channel-last backward's values and rounding are its own, below), and
 # dweight/dbias are first summed into [splits][dim][width + 1] fp32 partials,
 # then in split order by cc1d_reduce. More blocks balance the SMs better;
 # fewer make fewer partial rows to write and reduce. A launch parameter only:
@@ -364,9 +365,16 @@ BWD_CF = Space(
 )
 
 
-# Channel-last: each thread streams a run of positions (templates/bwd_channel_last.cu.j2).
-RUN = Param("run", "r", (16, 32, 64), "consecutive positions one thread streams through per work item")
+# Channel-last: each thread streams one equal range of the channel group's steps
+# (templates/bwd_channel_last.cu.j2), so the grid's size, not a tile, sets the work
+# per thread: split_blocks is the whole grid, a whole number of waves of resident
+# blocks on sm_90's 132 SMs (2, 4, 5, 8, 10 or 16 blocks per SM: the occupancies
+# of 64-256 threads at the register caps, once or twice). The runtime rounds
+# split_blocks / channel groups down, so the grid never spills into a part-wave.
 STEP = Param("step", "u", (2, 4, 8, 16), "rows whose x and dout loads are in flight together")
+CL_SPLIT_BLOCKS = Param("split_blocks", "s", tuple(132 * k for k in (2, 4, 5, 8, 10, 16)),
+                        "blocks of the backward's grid, whole waves of resident blocks on 132 SMs: "
+                        "sets each thread's share of the work and the rows of fp32 partial sums")
 
 
 def bwd_cl_registers(family: Family, config: Config) -> int:
@@ -390,8 +398,10 @@ def _bwd_cl_registers_fit(family: Family, config: Config, arch: Arch) -> str | N
 
 
 # Registers besides bwd_cl_registers (addresses, strides, loop state, the edge
-# path's checks), from ptxas for sm_90: at caps 96 and 128 the variants within
-# this margin compiled without spills (bf16/f32, widths 2-8, steps 2-8).
+# path's checks), from ptxas for sm_90. Within this margin most variants compile
+# without spills; some spill 4-112 bytes (at cap 96 mostly; 8 bytes at 128 for
+# 16-bit x with 8-byte vectors and step 8 at width 2): the tuner times them like any other,
+# and the defaults, which run untuned, are checked spill-free (test_compile_nvidia).
 BWD_CL_OVERHEAD = 40
 
 
@@ -401,18 +411,21 @@ BWD_CL = Space(
         Param("threads", "t", (64, 128, 256), "threads per block"),
         Param("vec_bytes", "v", (2, 4, 8, 16), "bytes per vector load/store of x, dout and dx (along dim)"),
         Param("tile_d", "d", (32, 64, 128), "channels per block"),
-        RUN, STEP, MAX_REGS, SPLIT_BLOCKS,
+        STEP, MAX_REGS, CL_SPLIT_BLOCKS,
     ),
     constraints=(_vec_fits, _cl_tile_fits, _bwd_cl_registers_fit, _regs_distinct),
     # Defaults: the most loads in flight per SM that fit 128 registers (16 warps of
-    # 128 threads) without spills. 8-byte vectors where they fit (f32; 16-bit x at
-    # widths 2-3), else 4-byte vectors with a longer step; the uncapped one takes
-    # what no cap fits. bf16 width 4 (4-byte vectors) measured 68 % of copy at
-    # (8, 5120, 2048) on the H100; the shipped DB's tuned winners do better.
-    preferred=(dict(threads=128, vec_bytes=8, tile_d=128, run=32, step=4, max_regs=128, split_blocks=2048),
-               dict(threads=128, vec_bytes=4, tile_d=64, run=32, step=8, max_regs=128, split_blocks=2048),
-               dict(threads=128, vec_bytes=4, tile_d=64, run=32, step=4, max_regs=255, split_blocks=2048)),
-    geometry=functools.partial(_cl_geometry, per_thread="run"),  # a thread's run of positions
+    # 128 threads) without spills, in one wave of 4 blocks per SM. 8-byte vectors
+    # for f32 x where they fit, else 4-byte vectors with a longer step (16-bit x
+    # with 8-byte vectors spilled at width 3, the capped 4-byte one at width 7);
+    # the uncapped one takes what no cap fits. The shipped DB's tuned winners do
+    # better.
+    preferred=(dict(threads=128, vec_bytes=8, tile_d=128, step=4, max_regs=128, split_blocks=528, x_dtypes=("f32",)),
+               dict(threads=128, vec_bytes=4, tile_d=64, step=8, max_regs=128, split_blocks=528,
+                    widths=(2, 3, 4, 5, 6)),
+               dict(threads=128, vec_bytes=4, tile_d=64, step=4, max_regs=255, split_blocks=528)),
+    # tile_l: a block's threads along the sequence x step, the least work per block.
+    geometry=functools.partial(_cl_geometry, per_thread="step"),
 )
 
 from .space_upd import UPD_CF, UPD_CL  # noqa: E402  (builds on the helpers above)

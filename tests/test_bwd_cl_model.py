@@ -2,12 +2,16 @@
 modelled in Python and checked against a direct float64 formulation of the
 gradients, without a GPU.
 
-The model follows the kernel's control flow for one channel: work items of
-TILE_L positions, runs of RUN positions per thread, the run's start (FULL: one
-batch of loads; EDGE: row by row), steps of STEP rows (FULL where whole
-vectors, inside the sequence, before its last HALO rows, and with seq_idx inside
-one sequence; EDGE otherwise), the rolling x/g/id windows, and which run counts
-which output's dweight/dbias terms. The reference scatters each output's
+The model follows the kernel's control flow for one channel: the batch x
+ceil(L / STEP) steps cut into equal ranges of whole steps (one per thread along
+the sequence in the grid), each range's part in a batch row a run (which may be
+shorter than HALO, or start within HALO of position 0), the run's start (FULL:
+one batch of loads; EDGE: row by row), steps of STEP rows (FULL where whole
+vectors, inside the run and the sequence, before its last HALO rows, and with
+seq_idx inside one sequence; EDGE otherwise), the rolling x/g/id windows, and
+which run counts which output's dweight/dbias terms. Steps near the sequence's end
+(TAIL) load the whole step at once, as FULL does, where there is no seq_idx or
+dfinal_states, and so does the run at 0's start (ZERO) without seq_idx. The reference scatters each output's
 gradient to its inputs instead, so an index slip in the model (or a schedule
 that counts a position twice or never) shows up as a mismatch."""
 from __future__ import annotations
@@ -140,89 +144,119 @@ class Run:
             for i in range(H):
                 self.row(t0 + i, masked=False, count=False)
             return "full"
+        if t0 == 0 and full_vec and pb.seq is None and H <= pb.L:  # cl_start_zero
+            self.xc, self.gc, self.sc = [pb.x_at(i - H) for i in range(H)], [0.0] * H, [0] * H
+            for i in range(H):
+                d = self.row(i, masked=False, count=True)
+                assert i - H not in self.dx, f"dinitial_states at {i - H} written twice"
+                self.dx[i - H] = d + pb.dfinal_at(i - H)
+            return "zero"
         self.gc = [0.0] * H
         self.xc = [pb.x_at(t0 - H + i) for i in range(H)]
         self.sc = [pb.seq_at(t0 - H + i) for i in range(H)]
         for i in range(H):
             d = self.row(t0 + i, masked=True, count=t0 == 0)
-            if t0 + i - H < 0:  # the run at 0: dinitial_states (final states' gradient added)
-                self.dx[t0 + i - H] = d + pb.dfinal_at(t0 + i - H)
+            if t0 == 0 and i - H < 0:  # the run at 0: dinitial_states (final states' gradient added)
+                assert i - H not in self.dx, f"dinitial_states at {i - H} written twice"
+                self.dx[i - H] = d + pb.dfinal_at(i - H)
         return "edge"
 
-    def step(self, s: int, step: int, full_vec: bool):
+    def step(self, s: int, step: int, t1: int, full_vec: bool):
         pb, H = self.pb, self.pb.H
-        full = full_vec and s + step + H <= pb.L
+        full = full_vec and s + step <= t1 and s + step + H <= pb.L
         if full and (pb.seq is None or self.one_sequence([*range(s, s + H), *range(s + H, s + H + step)])):
             # cl_step_full compares the carried ids, which are those of s .. s+H-1
             assert pb.seq is None or self.sc == [pb.seq_at(p) for p in range(s, s + H)]
             for i in range(step):
                 self.dx[s + i] = self.row(s + i + H, masked=False, count=True)
             return "full"
+        if full_vec and s + step + H > pb.L and pb.seq is None and pb.dfinal is None:
+            # cl_step_tail: rows past the end read as zero, rows past t1 count nothing
+            for i in range(step):
+                d = self.row(s + i + H, masked=False, count=s + i < t1)
+                if s + i < t1:
+                    self.dx[s + i] = d
+            return "tail"
         for i in range(step):
-            if s + i >= pb.L:
+            if s + i >= t1:
                 break
             self.dx[s + i] = self.row(s + i + H, masked=True, count=True) + pb.dfinal_at(s + i)
         return "edge"
 
 
-def kernel_model(pb: Problem, *, run: int, step: int, tl: int, full_vec: bool, paths: set):
-    """dx at -H .. L-1 (dinitial_states first), dweight, dbias as the kernel computes
-    them for one channel, with tl runs per work item (the block's threads along
-    the sequence)."""
-    H, L = pb.H, pb.L
-    tile_l = tl * run
-    dx: dict = {}
+def kernel_model(pbs: list, *, step: int, ranges: int, full_vec: bool, paths: set):
+    """Per batch row dx at -H .. L-1 (dinitial_states first), and dweight, dbias as
+    the kernel computes them for one channel of batch rows `pbs`, with `ranges`
+    threads along the sequence in the grid (gridDim.x * TL)."""
+    L, W = pbs[0].L, pbs[0].W
+    row_steps = -(-L // step)
+    q, extra = divmod(len(pbs) * row_steps, ranges)
+    dxs: list = [{} for _ in pbs]
     per_thread = []
-    for chunk in range(-(-L // tile_l)):
-        for t in range(tl):
-            t0 = chunk * tile_l + t * run
-            sums = [0.0] * (pb.W + 1)
-            per_thread.append(sums)
-            if t0 >= L:
-                continue
-            r = Run(pb, sums, dx)
+    for j in range(ranges):
+        lo = j * q + min(j, extra)
+        hi = lo + q + (1 if j < extra else 0)
+        sums = [0.0] * (W + 1)
+        per_thread.append(sums)
+        at = lo
+        while at < hi:  # the range's part in each batch row: one run
+            b = at // row_steps
+            row0 = b * row_steps
+            nxt = min(hi, row0 + row_steps)
+            t0, t1 = (at - row0) * step, min(L, (nxt - row0) * step)
+            r = Run(pbs[b], sums, dxs[b])
             paths.add("start_" + r.start(t0, full_vec))
-            for j in range(run // step):
-                s = t0 + j * step
-                if s >= L:
-                    break
-                for u in range(s, min(s + step, L)):
-                    assert u not in dx, f"dx at {u} written twice"
-                paths.add("step_" + r.step(s, step, full_vec))
-    dw = [sum(s[k] for s in per_thread) for k in range(pb.W)]
+            if 0 < t0 < pbs[b].H:
+                paths.add("start_within_halo")
+            for s in range(t0, t1, step):
+                for u in range(s, min(s + step, t1)):
+                    assert u not in dxs[b], f"dx at {u} of batch row {b} written twice"
+                paths.add("step_" + r.step(s, step, t1, full_vec))
+            at = nxt
+    dw = [sum(s[k] for s in per_thread) for k in range(W)]
     db = sum(s[-1] for s in per_thread)
-    return dx, dw, db
+    return dxs, dw, db
 
 
-CASES = [(L, W, run, step, tl) for L in (1, 2, 3, 7, 33, 131, 260) for W in (2, 4, 8)
-         for run, step, tl in ((16, 4, 2), (8, 2, 3), (16, 8, 1))]
+# (step, ranges): long ranges, ranges crossing batch rows, runs shorter than HALO
+# that put the next run's start within HALO of position 0, more ranges than steps.
+SCHEDULES = ((4, 3), (2, 7), (8, 1), (16, 2), (2, 10_000))
+CASES = [(L, W, batch, step, ranges) for L in (1, 2, 3, 7, 33, 131, 260) for W in (2, 4, 8) for batch in (1, 3)
+         for step, ranges in SCHEDULES]
 
 
-@pytest.mark.parametrize("L, W, run, step, tl", CASES)
-def test_streaming_schedule_matches_direct_gradients(L, W, run, step, tl):
-    rng = random.Random(f"{L}.{W}.{run}.{step}.{tl}")
+@pytest.mark.parametrize("L, W, batch, step, ranges", CASES)
+def test_streaming_schedule_matches_direct_gradients(L, W, batch, step, ranges):
+    rng = random.Random(f"{L}.{W}.{batch}.{step}.{ranges}")
     paths: set = set()
     for silu, seq, init, final in ((False, False, False, False), (True, False, True, True),
                                    (True, True, True, True), (False, True, False, True)):
-        pb = Problem(rng, L, W, silu=silu, seq=seq, init=init, final=final)
-        want_dx, want_dw, want_db = reference(pb)
+        pbs = [Problem(rng, L, W, silu=silu, seq=seq, init=init, final=final) for _ in range(batch)]
         for full_vec in (True, False):
-            dx, dw, db = kernel_model(pb, run=run, step=step, tl=tl, full_vec=full_vec, paths=paths)
-            # every position inside the sequence written exactly once (asserted while writing)
-            assert sorted(dx) == list(range(-W + 1, L))
-            for u in range(-W + 1, L):
-                assert dx[u] == pytest.approx(want_dx[u], rel=1e-9, abs=1e-9), (u, silu, seq, full_vec)
+            dxs, dw, db = kernel_model(pbs, step=step, ranges=ranges, full_vec=full_vec, paths=paths)
+            want_dw, want_db = [0.0] * W, 0.0
+            for pb, dx in zip(pbs, dxs):
+                want_dx, row_dw, row_db = reference(pb)
+                want_dw = [a + b for a, b in zip(want_dw, row_dw)]
+                want_db += row_db
+                # every position inside the sequence written exactly once (asserted while writing)
+                assert sorted(dx) == list(range(-W + 1, L))
+                for u in range(-W + 1, L):
+                    assert dx[u] == pytest.approx(want_dx[u], rel=1e-9, abs=1e-9), (u, silu, seq, full_vec)
             for k in range(W):
                 assert dw[k] == pytest.approx(want_dw[k], rel=1e-9, abs=1e-9), (k, silu, seq, full_vec)
             assert db == pytest.approx(want_db, rel=1e-9, abs=1e-9)
-    if L >= 2 * run * tl:  # long enough for every path
-        assert paths == {"start_full", "start_edge", "step_full", "step_edge"}, paths
+    if L >= 131 and batch == 1 and 2 <= ranges <= 7:  # runs long enough for every path, not all at 0
+        assert paths == {"start_full", "start_edge", "start_zero", "step_full", "step_edge", "step_tail"}, paths
+    if ranges >= batch * L and step < W - 1 < L:  # one step per range: the second run starts at `step`
+        assert "start_within_halo" in paths
 
 
-def test_every_variant_tiles_the_sequence_in_whole_runs():
+def test_every_variant_covers_a_step_per_thread_along_the_sequence():
     for fam in families("bwd", "cl")[::5]:
         for v in variants(fam):
             g = v.geometry()
             ve = int(v.params["vec_bytes"]) // fam.x_bytes
             tl = g["threads"] // (g["tile_d"] // ve)
-            assert g["tile_l"] == tl * v.params["run"] and v.params["run"] % v.params["step"] == 0, v.key()
+            assert g["tile_l"] == tl * v.params["step"], v.key()
+            assert g["split_blocks"] % 132 == 0, v.key()  # whole waves on 132 SMs

@@ -141,11 +141,13 @@ def test_dx_adjacent_to_x_is_not_an_overlap(rt):
 
 # ---- workspace size ---------------------------------------------------------
 
-def expected_splits(b, d, l, tile_l, tile_d, split_blocks):
-    """The documented rule (cc1d.h, causal_conv1d_bwd), computed independently."""
+def expected_splits(b, d, l, tile_l, tile_d, split_blocks, layout="cf"):
+    """The documented rule (cc1d.h, causal_conv1d_bwd), computed independently:
+    split_blocks / groups rounded up channel-first, down channel-last."""
     items = b * math.ceil(l / tile_l)
     groups = min(math.ceil(d / tile_d), 65535)
-    return max(1, min(items, math.ceil(split_blocks / groups)))
+    per_group = math.floor(split_blocks / groups) if layout == "cl" else math.ceil(split_blocks / groups)
+    return max(1, min(items, per_group))
 
 
 def variant(tile_l, tile_d, split_blocks=2048, key="bwd.cf.bf16wf32.w4.test", align=2):
@@ -166,15 +168,31 @@ def variant(tile_l, tile_d, split_blocks=2048, key="bwd.cf.bf16wf32.w4.test", al
     ((1, 8 * 70000, 64, 8), (64, 8, 2048), 1),      # 70000 groups clamp to 65535: ceil(2048 / 65535) = 1
 ])
 def test_launch_bwd_states_the_workspace_rule(rt, sizes, tiles, splits):
+    check_workspace_rule(rt, sizes, tiles, splits, "cf")
+
+
+# Channel-last rounds split_blocks / groups down: the grid stays within split_blocks.
+@pytest.mark.parametrize("sizes, tiles, splits", [
+    ((2, 4096, 2048, 4), (32, 64, 660), 10),        # groups 64: floor(660 / 64) = 10 (640 blocks), items 128
+    ((8, 5120, 2048, 4), (16, 128, 528), 13),       # groups 40: floor(528 / 40) = 13 (520 blocks)
+    ((2, 16, 128, 4), (64, 8, 660), 4),             # items = 2 * 2 = 4 < 660 / 2
+    ((1, 8 * 1000, 64, 4), (64, 8, 660), 1),        # groups 1000 > 660: floor is 0, one split
+])
+def test_launch_bwd_states_the_channel_last_workspace_rule(rt, sizes, tiles, splits):
+    check_workspace_rule(rt, sizes, tiles, splits, "cl")
+
+
+def check_workspace_rule(rt, sizes, tiles, splits, layout):
     b, d, l, w = sizes
-    assert expected_splits(b, d, l, *tiles) == splits
+    assert expected_splits(b, d, l, *tiles, layout) == splits
     need = splits * d * (w + 1) * 4
-    a = args(sizes=sizes, w_dtype=F32)
+    a = args(sizes=sizes, w_dtype=F32, layout=layout)
+    key = f"bwd.{layout}.bf16wf32.w{w}.test"
     with pytest.raises(ValueError, match=rf"workspace_bytes must be >= {need} \(splits {splits} x dim {d} x "
                                          rf"\(width \+ 1\) x 4 bytes, for variant .*\), got {need - 1}"):
-        rt.launch_bwd(variant(*tiles, key=f"bwd.cf.bf16wf32.w{w}.test"), *a, need - 1, 0)
+        rt.launch_bwd(variant(*tiles, key=key), *a, need - 1, 0)
     with pytest.raises(RuntimeError, match="no GPU backend owns pointer"):  # enough: on to the device
-        rt.launch_bwd(variant(*tiles, key=f"bwd.cf.bf16wf32.w{w}.test"), *a, need, 0)
+        rt.launch_bwd(variant(*tiles, key=key), *a, need, 0)
 
 
 @pytest.mark.parametrize("split_blocks", [0, -5])
@@ -200,7 +218,7 @@ def test_workspace_bytes_follow_the_selected_variant(rt, fam):
         a = (with_ptr(11, 0, a[0]), *a[1:])  # no workspace yet: not looked at
         v = rt.select_bwd(*a, arch=ARCH)
         assert v["key"].startswith(fam.key() + ".")
-        want = expected_splits(b, d, l, v["tile_l"], v["tile_d"], v["split_blocks"]) * d * (fam.width + 1) * 4
+        want = expected_splits(b, d, l, v["tile_l"], v["tile_d"], v["split_blocks"], fam.layout) * d * (fam.width + 1) * 4
         assert rt.bwd_workspace_bytes(*a, arch=ARCH) == want
 
 

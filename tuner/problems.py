@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from ..generator import DTYPES
-from ..generator.space import SPLIT_BLOCKS
+from ..generator.space import CL_SPLIT_BLOCKS, SPLIT_BLOCKS
 from .shapes import Shape
 
 DTYPE_CODES = {"f32": 0, "f16": 1, "bf16": 2}
@@ -114,10 +114,12 @@ class FwdProblem:
 
 
 def bwd_splits(shape: Shape, tile_l: int, tile_d: int, split_blocks: int) -> int:
-    """The runtime's split count for a backward kernel (runtime/src/backward.cpp)."""
+    """The runtime's split count for a backward kernel (runtime/src/backward.cpp):
+    channel-first rounds split_blocks / groups up, channel-last down."""
     items = shape.batch * -(-shape.seqlen // tile_l)
-    groups = -(-shape.dim // tile_d)
-    return max(1, min(items, -(-split_blocks // min(groups, 65535))))
+    groups = min(-(-shape.dim // tile_d), 65535)
+    per_group = split_blocks // groups if shape.layout == "cl" else -(-split_blocks // groups)
+    return max(1, min(items, per_group))
 
 
 class BwdProblem:
@@ -159,7 +161,7 @@ class BwdProblem:
         if shape.initial_states:
             outputs["dinitial_states"] = torch.full_like(inputs["initial_states"], nan)
         # Enough partials for any variant: channel tiles are at most 128 wide.
-        splits = bwd_splits(shape, 1, 128, max(SPLIT_BLOCKS.values))
+        splits = bwd_splits(shape, 1, 128, max(*SPLIT_BLOCKS.values, *CL_SPLIT_BLOCKS.values))
         outputs["workspace"] = torch.full((splits * shape.dim * (shape.width + 1),), nan,
                                           dtype=torch.float32, device=x.device)
         return outputs

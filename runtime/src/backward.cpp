@@ -40,31 +40,38 @@ int64_t channel_groups(const BwdParams& p, const KernelVariant& v) {
   return std::min(ceil_div(p.dim, v.tile_d), kMaxGroups);
 }
 
-// max(1, min(items, ceil(split_blocks / groups))), items = batch * ceil(seqlen / tile_l).
-int64_t splits_of(const BwdParams& p, const KernelVariant& v) {
+// Channel-first: max(1, min(items, ceil(split_blocks / groups))), items = batch *
+// ceil(seqlen / tile_l) work items. Channel-last: max(1, min(items, floor(split_blocks /
+// groups))), items as many blocks as keep a step per thread (tile_l = the block's
+// threads along the sequence x step): its kernel cuts the work into equal ranges
+// whatever the grid, and split_blocks is a whole number of waves of resident
+// blocks, which the grid must not exceed (docs/DISPATCH.md).
+int64_t splits_of(const BwdParams& p, const KernelVariant& v, Layout layout) {
   if (v.split_blocks < 1)
     throw InvalidArgument("variant " + v.key + ": split_blocks must be >= 1 for the backward, got " +
                           std::to_string(v.split_blocks));
   int64_t items = 0;
   if (__builtin_mul_overflow(p.batch, ceil_div(p.seqlen, v.tile_l), &items)) items = INT64_MAX;
-  return std::max<int64_t>(1, std::min(items, ceil_div(v.split_blocks, channel_groups(p, v))));
+  const int64_t groups = channel_groups(p, v);
+  const int64_t per_group = layout == Layout::channel_last ? v.split_blocks / groups : ceil_div(v.split_blocks, groups);
+  return std::max<int64_t>(1, std::min(items, per_group));
 }
 
 // splits * dim * (width + 1) fp32 partial sums.
-size_t workspace_for(const BwdArgs& a, const KernelVariant& v) {
+size_t workspace_for(const BwdArgs& a, const KernelVariant& v, Layout layout) {
   uint64_t bytes = 0;
-  if (__builtin_mul_overflow(uint64_t(splits_of(a.p, v)), uint64_t(a.p.dim), &bytes) ||
+  if (__builtin_mul_overflow(uint64_t(splits_of(a.p, v, layout)), uint64_t(a.p.dim), &bytes) ||
       __builtin_mul_overflow(bytes, uint64_t(a.width + 1) * 4u, &bytes) || bytes > SIZE_MAX)
     throw InvalidArgument("the backward's workspace (splits x dim x (width + 1) x 4 bytes) overflows for dim=" +
                           std::to_string(a.p.dim));
   return size_t(bytes);
 }
 
-void check_workspace(const BwdArgs& a, const KernelVariant& v) {
-  const size_t need = workspace_for(a, v);
+void check_workspace(const BwdArgs& a, const KernelVariant& v, Layout layout) {
+  const size_t need = workspace_for(a, v, layout);
   if (a.workspace_bytes < need)
     throw InvalidArgument("workspace_bytes must be >= " + std::to_string(need) + " (splits " +
-                          std::to_string(splits_of(a.p, v)) + " x dim " + std::to_string(a.p.dim) +
+                          std::to_string(splits_of(a.p, v, layout)) + " x dim " + std::to_string(a.p.dim) +
                           " x (width + 1) x 4 bytes, for variant " + v.key + "; see bwd_workspace_bytes), got " +
                           std::to_string(a.workspace_bytes));
 }
@@ -74,7 +81,7 @@ std::shared_ptr<const Decision> decide_for(const BwdArgs& args, const std::strin
   return decide(bwd_call(args, layout), arch_id_for(arch, args.p.x));
 }
 
-void launch_on(const Location& l, const KernelVariant& v, const Functions& f, const BwdArgs& a) {
+void launch_on(const Location& l, const KernelVariant& v, const Functions& f, const BwdArgs& a, Layout layout) {
   Backend* backend = l.backend;
   const Dim3 max = backend->max_grid(l.device);
   int64_t sums = 0;  // (channel, tap or bias) pairs: one thread each
@@ -84,7 +91,7 @@ void launch_on(const Location& l, const KernelVariant& v, const Functions& f, co
     throw InvalidArgument("dim " + std::to_string(a.p.dim) + " is too large for cc1d_reduce's grid (" +
                           std::to_string(reduce_blocks) + " blocks > " + std::to_string(max.x) + ")");
   BwdParams params = a.p;
-  params.splits = splits_of(a.p, v);
+  params.splits = splits_of(a.p, v, layout);
   const Dim3 grid{unsigned(params.splits), unsigned(std::min<int64_t>(channel_groups(a.p, v), max.y)), 1};
   backend->launch(f.kernel, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), a.stream, &params,
                   sizeof params, f.waits_for_previous);
@@ -102,8 +109,8 @@ void causal_conv1d_bwd(const BwdArgs& args) {
   if (l.device < 0) throw_no_device(args.p.x);
   Functions f;
   const std::shared_ptr<const Decision> d = decide_loaded(bwd_call(args, layout), l, /*with_reduce=*/true, &f);
-  check_workspace(args, *d->variant);
-  launch_on(l, *d->variant, f, args);
+  check_workspace(args, *d->variant, layout);
+  launch_on(l, *d->variant, f, args, layout);
 }
 
 size_t bwd_workspace_bytes(const BwdArgs& args, const std::string& arch) {
@@ -112,8 +119,8 @@ size_t bwd_workspace_bytes(const BwdArgs& args, const std::string& arch) {
   // compile is dropped now, so the size is that of the variant that runs.
   if (arch.empty())
     if (const Location l = locate(args.p.x); l.device >= 0)
-      return workspace_for(args, *decide_loaded(c, l, /*with_reduce=*/true, nullptr)->variant);
-  return workspace_for(args, *decide(c, arch_id_for(arch, args.p.x))->variant);
+      return workspace_for(args, *decide_loaded(c, l, /*with_reduce=*/true, nullptr)->variant, c.layout);
+  return workspace_for(args, *decide(c, arch_id_for(arch, args.p.x))->variant, c.layout);
 }
 
 KernelVariant select_bwd(const BwdArgs& args, const std::string& arch) {
@@ -133,10 +140,10 @@ void launch_bwd(const KernelVariant& v, const BwdArgs& args) {
   if (align % v.align_bytes != 0)
     throw InvalidArgument("variant " + v.key + " needs x/dout/dx base addresses and batch/outer strides aligned to " +
                           std::to_string(v.align_bytes) + " bytes, the call gives " + std::to_string(align));
-  check_workspace(args, v);
+  check_workspace(args, v, layout);
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
-  launch_on(l, v, functions_on(l, v, /*with_reduce=*/true), args);
+  launch_on(l, v, functions_on(l, v, /*with_reduce=*/true), args, layout);
 }
 
 Explanation prepare_bwd(const BwdArgs& args, int device) {

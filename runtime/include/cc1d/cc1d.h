@@ -37,7 +37,8 @@ struct KernelVariant {
   std::string hash;     // sha256 hex of `source`
   std::string source;   // complete translation unit, entry point `cc1d_kernel` (bwd: and `cc1d_reduce`)
   int threads = 0;      // threads per block (of cc1d_kernel)
-  int tile_l = 0;       // sequence positions per block (bwd: per work item)
+  int tile_l = 0;       // sequence positions per block (bwd channel-first: per work item;
+                        // channel-last: the block's threads along the sequence x step)
   int tile_d = 0;       // channels per block
   int smem_bytes = 0;   // dynamic shared memory per block
   int align_bytes = 1;  // x/out (bwd: x/dout/dx) base pointers and outer strides must be multiples of this (bytes)
@@ -210,6 +211,7 @@ struct BwdArgs {
 //   cc1d_reduce: grid ceil(dim*(width+1)/256) of 256 threads; sums the partials
 //     in split order into dweight (and dbias if given).
 // splits = max(1, min(batch*ceil(seqlen/tile_l), ceil(split_blocks/min(ceil(dim/tile_d), 65535))))
+// (channel-last: floor instead of ceil, so the grid stays within split_blocks)
 // (split_blocks: the variant's tunable partial-sum layout) depends on the variant only, never on the device, and there are no float
 // atomics: for one variant the results are bitwise reproducible.
 // Requirements beyond the forward's: x, dout and dx share one layout; dx
