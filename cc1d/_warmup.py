@@ -125,7 +125,8 @@ def warmup(shapes: Iterable[Sequence[int]], *, dtype: torch.dtype = torch.bfloat
     """Get ``causal_conv1d_fn`` calls of these (batch, dim, seqlen) shapes ready:
     make the dispatch decisions, compile the kernels (in parallel, through the
     compile cache) and load them on ``device`` (default: the current CUDA device),
-    channel-last calls' fixed kernels too (docs/DISPATCH.md). Launches nothing and
+    the fixed kernels of the calls plans fix too (channel-last, channel-first of
+    width 5-8; docs/DISPATCH.md). Launches nothing and
     allocates no tensor.
 
     The calls are assumed to pass torch-allocated contiguous tensors of

@@ -50,14 +50,19 @@ void launch_on(const Location& l, const KernelVariant& v, const Functions& f, co
 // and seqlen of a layer (a prefill of a new length compiles nothing new). A plan
 // compiles it from its second run on, so a signature called once compiles nothing
 // more; one loaded already (prepare_fwd loads it) serves from the first run.
-// Channel-last plans only (plans_fix); CC1D_FWD_GENERIC=1 turns them off.
+// Channel-last plans, and channel-first ones from width kCfFixedWidth (plans_fix);
+// CC1D_FWD_GENERIC=1 turns them off.
 
-// Which layouts plans fix. Channel-last only: measured on the H100 (session 26, fixed
-// against generic in one process), its fixed kernels were 3-9 % faster at every shape
-// tried, width 4 and 8. Channel-first ones ranged from 9 % slower at (1, 2048, 512) to
-// 4 % faster with width 4 (17 % with width 8): its generic fast path already runs
-// without bounds checks or seq_idx, and the constants reorder its first loads.
-bool plans_fix(Layout layout) { return env().fwd_fixed && layout == Layout::channel_last; }
+// Which calls plans fix, measured on the H100 (fixed against generic in one process).
+// Channel-last: 3-9 % faster at every shape tried, widths 4 and 8 (session 26).
+// Channel-first: from 9 % slower at (1, 2048, 512) to 4 % faster with width 4, since
+// its generic fast path already runs without bounds checks or seq_idx and the
+// constants reorder its first loads; 17 % faster with width 8 (session 26), and
+// session 28's widths 5-8 at the ANCHORS shapes in docs/DISPATCH.md.
+constexpr int kCfFixedWidth = 5;
+bool plans_fix(Layout layout, int width) {
+  return env().fwd_fixed && (layout == Layout::channel_last || width >= kCfFixedWidth);
+}
 
 // Which optional inputs a call has: bias, seq_idx, initial_states, final_states.
 unsigned optional_inputs(const FwdParams& p) {
@@ -126,7 +131,7 @@ Explanation prepare_fwd(const FwdArgs& args, int device) {
   const std::shared_ptr<const Decision> d = decide_loaded(fwd_call(args, layout), l, /*with_reduce=*/false, nullptr);
   // A plan's fixed kernel too, so that a graph captured next can record it (plans load
   // nothing while their stream is capturing).
-  if (plans_fix(layout)) fixed_functions(*d->variant, l, fwd_fixed_options(args), /*may_load=*/true);
+  if (plans_fix(layout, args.width)) fixed_functions(*d->variant, l, fwd_fixed_options(args), /*may_load=*/true);
   return explanation_of(*d);
 }
 
@@ -177,7 +182,7 @@ void FwdPlan::run(const FwdBuffers& b, void* stream) const {
   if (l.device < 0) throw_no_device(a.p.x);
   Functions f;
   const std::shared_ptr<const Decision> d = remembered_->get(fwd_call(a, layout), l, &f);
-  if (plans_fix(layout)) {
+  if (plans_fix(layout, a.width)) {
     // A plain load once the plan has run: only its first run writes the flag.
     std::atomic<bool>& ran = remembered_->ran;
     const bool may_load = ran.load(std::memory_order_relaxed) || ran.exchange(true);

@@ -109,7 +109,8 @@ Explanation explain_fwd(const FwdArgs& args, const std::string& arch = "");
 // takes the next choice (another tuned entry, else the catalog), which
 // explain_fwd reports from then on. A catalog kernel that does not compile
 // throws CompileError.
-// It loads the decision's fixed kernel for FwdPlan too (channel-last calls;
+// It loads the decision's fixed kernel for FwdPlan too (channel-last calls and
+// channel-first ones of width 5-8;
 // fwd_fixed_options; not with CC1D_FWD_GENERIC=1).
 Explanation prepare_fwd(const FwdArgs& args, int device = -1);
 
@@ -168,11 +169,13 @@ struct FwdBuffers {
 // module scope (CUDA: the current context) and the dispatcher's state (tuning
 // DBs, clear_dispatch_cache) are unchanged: a repeated call checks its
 // arguments, locates x and launches, skipping the dispatcher's memo and the
-// module lookup. A channel-last plan launches the variant's fixed kernel
+// module lookup. A channel-last plan (a channel-first one from width 5) launches
+// the variant's fixed kernel
 // (fwd_fixed_options: dim and the strides batch and seqlen do not set, compiled
 // in), compiled and loaded from its second run on, outside stream capture
 // (prepare_fwd loads it too); the generic kernel on its first run, while none is
-// loaded, if it fails, for channel-first calls, or with CC1D_FWD_GENERIC=1.
+// loaded, if it fails, for channel-first calls of width 2-4, or with
+// CC1D_FWD_GENERIC=1.
 // Thread-safe; not copyable.
 class FwdPlan {
  public:
