@@ -144,31 +144,32 @@ def test_covering_variants_match_reference(rt, variant):
 # one step at most, so runs start within HALO of position 0 after shorter ones (step 2,
 # width 8), and ranges of about 12 steps that cross batch rows (129 channel groups, 2
 # splits), over every feature.
+def _cl(x_dtype, w_dtype, width, **config):
+    from cc1d.generator import Family, Variant
+    return Variant.of(Family("bwd", "cl", x_dtype, w_dtype, width), **config)
+
+
 SCHEDULE_CASES = [
-    ("bwd.cl.bf16wf32.w8.t128.v4.d64.u2.g255.s2112", (3, 67, 37)),
-    ("bwd.cl.bf16wf32.w4.t128.v4.d32.u16.g128.s264", (3, 4100, 1001)),
-    ("bwd.cl.f32wf32.w3.t64.v8.d32.u4.g128.s1320", (2, 70, 45)),
+    (_cl("bf16", "f32", 8, threads=128, vec_bytes=4, tile_d=64, step=2, max_regs=255, split_blocks=2112), (3, 67, 37)),
+    (_cl("bf16", "f32", 4, threads=128, vec_bytes=4, tile_d=32, step=16, max_regs=128, split_blocks=264),
+     (3, 4100, 1001)),
+    (_cl("f32", "f32", 3, threads=64, vec_bytes=8, tile_d=32, step=4, max_regs=128, split_blocks=1320), (2, 70, 45)),
 ]
 
 
-@pytest.mark.parametrize("key, sizes", SCHEDULE_CASES)
-def test_channel_last_ranges_start_within_halo_and_cross_batch_rows(rt, key, sizes):
-    from cc1d.generator import Variant
-    from cc1d.generator.space import Family, space_for
-    parts = key.split(".")
-    x_dtype, w_dtype = parts[2].split("w", 1)
-    fam = Family("bwd", "cl", x_dtype, w_dtype, int(parts[3][1:]))
-    config = {p.name: int(part[len(p.abbrev):]) for p, part in zip(space_for(fam).params, parts[4:])}
-    variant = Variant.of(fam, **config)
-    assert variant.key() == key and variant.why_invalid() is None, variant.why_invalid()
+@pytest.mark.parametrize("variant, sizes", SCHEDULE_CASES, ids=lambda c: c.key() if hasattr(c, "key") else str(c))
+def test_channel_last_ranges_start_within_halo_and_cross_batch_rows(rt, variant, sizes):
+    assert variant.why_invalid() is None, variant.why_invalid()
+    fam = variant.family
     b, d, l = sizes
     for n, (seq_idx, states, final) in enumerate(((False, True, True), (True, True, False), (False, False, False))):
-        case = Case(layout="cl", x_dtype=x_dtype, w_dtype=w_dtype, width=fam.width, batch=b, dim=d, seqlen=l,
-                    seq_idx=seq_idx, states=states, final=final, align=variant.geometry()["align_bytes"] // fam.x_bytes)
+        case = Case(layout="cl", x_dtype=fam.x_dtype, w_dtype=fam.w_dtype, width=fam.width, batch=b, dim=d,
+                    seqlen=l, seq_idx=seq_idx, states=states, final=final,
+                    align=variant.geometry()["align_bytes"] // fam.x_bytes)
         inp = make_inputs(case, seed=n)
         dout, dfinal = make_grads(case, inp, n)
         got = launch_bwd_variant(rt, variant, case, inp, dout, dfinal)
-        check_grads(f"{key} {case.id()}", case, got, reference_grads(case, inp, dout, dfinal))
+        check_grads(f"{variant.key()} {case.id()}", case, got, reference_grads(case, inp, dout, dfinal))
 
 
 # ---- the API over every feature, both layouts, awkward lengths ---------------------------
