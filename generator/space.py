@@ -400,8 +400,9 @@ def _bwd_cl_registers_fit(family: Family, config: Config, arch: Arch) -> str | N
 # Registers besides bwd_cl_registers (addresses, strides, loop state, the edge
 # path's checks), from ptxas for sm_90. Within this margin most variants compile
 # without spills; some spill 4-112 bytes (at cap 96 mostly; 8 bytes at 128 for
-# 16-bit x with 8-byte vectors and step 8 at width 2): the tuner times them like any other,
-# and the defaults, which run untuned, are checked spill-free (test_compile_nvidia).
+# 16-bit x with 8-byte vectors and step 8 at width 2): the tuner times them like
+# any other, and the defaults, which run untuned, are checked spill-free
+# (test_compile_nvidia).
 BWD_CL_OVERHEAD = 40
 
 
@@ -420,7 +421,8 @@ BWD_CL = Space(
     # with 8-byte vectors spilled at width 3, the capped 4-byte one at width 7);
     # the uncapped one takes what no cap fits. The shipped DB's tuned winners do
     # better.
-    preferred=(dict(threads=128, vec_bytes=8, tile_d=128, step=4, max_regs=128, split_blocks=528, x_dtypes=("f32",)),
+    preferred=(dict(threads=128, vec_bytes=8, tile_d=128, step=4, max_regs=128, split_blocks=528,
+                    x_dtypes=("f32",)),
                dict(threads=128, vec_bytes=4, tile_d=64, step=8, max_regs=128, split_blocks=528,
                     widths=(2, 3, 4, 5, 6)),
                dict(threads=128, vec_bytes=4, tile_d=64, step=4, max_regs=255, split_blocks=528)),

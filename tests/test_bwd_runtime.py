@@ -218,7 +218,8 @@ def test_workspace_bytes_follow_the_selected_variant(rt, fam):
         a = (with_ptr(11, 0, a[0]), *a[1:])  # no workspace yet: not looked at
         v = rt.select_bwd(*a, arch=ARCH)
         assert v["key"].startswith(fam.key() + ".")
-        want = expected_splits(b, d, l, v["tile_l"], v["tile_d"], v["split_blocks"], fam.layout) * d * (fam.width + 1) * 4
+        splits = expected_splits(b, d, l, v["tile_l"], v["tile_d"], v["split_blocks"], fam.layout)
+        want = splits * d * (fam.width + 1) * 4
         assert rt.bwd_workspace_bytes(*a, arch=ARCH) == want
 
 
