@@ -18,6 +18,8 @@ from cc1d import backward, ops  # noqa: E402
 
 from conftest import precompile  # noqa: E402
 from cc1d.generator.covering import all_covering  # noqa: E402
+from cc1d.tuner.problems import bwd_splits  # noqa: E402  (the runtime's split rule)
+from cc1d.tuner.shapes import Shape  # noqa: E402
 from fwd_cases import TORCH_DTYPES, Case, make_inputs, poisoned, rel_l2  # noqa: E402
 from fwd_cases import _layout as place  # noqa: E402
 
@@ -102,12 +104,8 @@ def launch_bwd_variant(rt, variant, case, inp, dout, dfinal):
     s = inp["initial_states"]
     dis = None if s is None else backward._new_output(s.shape, x.dtype, x.device)
     g = variant.geometry()
-    items = case.batch * -(-case.seqlen // g["tile_l"])
-    groups = -(-case.dim // g["tile_d"])
-    groups = min(groups, 65535)  # channel-last rounds split_blocks / groups down (docs/DISPATCH.md)
-    per_group = g["split_blocks"] // groups if case.layout == "cl" else -(-g["split_blocks"] // groups)
-    splits = max(1, min(items, per_group))
-    nbytes = splits * case.dim * (case.width + 1) * 4
+    shape = Shape("bwd", case.layout, case.x_dtype, case.w_dtype, case.width, case.batch, case.dim, case.seqlen)
+    nbytes = bwd_splits(shape, g["tile_l"], g["tile_d"], g["split_blocks"]) * case.dim * (case.width + 1) * 4
     ws = torch.full((nbytes // 4,), float("nan"), dtype=torch.float32, device="cuda")
     ptrs, sizes, strides, xd, wd, silu = backward._bwd_call_args(
         x, w, b, inp["seq_idx"], s, dout, dfinal, dx, dis, dweight, dbias, ws, case.silu)
