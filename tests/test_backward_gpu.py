@@ -4,6 +4,7 @@ feature combination, awkward lengths (just past every tile), padding tokens,
 bitwise determinism, gradcheck, and torch.compile training."""
 from __future__ import annotations
 
+import hashlib
 import itertools
 import random
 
@@ -96,7 +97,7 @@ def make_grads(case: Case, inp: dict, seed: int):
 
 # ---- every covering variant, launched exactly -----------------------------------------
 
-def launch_bwd_variant(rt, variant, case, inp, dout, dfinal):
+def launch_bwd_variant(rt, variant, case, inp, dout, dfinal, runtime_dict=None):
     x, w, b = inp["x"], inp["weight"], inp["bias"]
     dx = poisoned(x.shape, x.dtype, case.layout, case.align)
     dweight = backward._new_output(w.shape, w.dtype, x.device)
@@ -109,7 +110,7 @@ def launch_bwd_variant(rt, variant, case, inp, dout, dfinal):
     ws = torch.full((nbytes // 4,), float("nan"), dtype=torch.float32, device="cuda")
     ptrs, sizes, strides, xd, wd, silu = backward._bwd_call_args(
         x, w, b, inp["seq_idx"], s, dout, dfinal, dx, dis, dweight, dbias, ws, case.silu)
-    rt.launch_bwd(variant.as_runtime_dict(), ptrs, sizes, strides, xd, wd, silu, nbytes,
+    rt.launch_bwd(runtime_dict or variant.as_runtime_dict(), ptrs, sizes, strides, xd, wd, silu, nbytes,
                   torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     return dx, dweight, dbias, dis
@@ -168,6 +169,55 @@ def test_channel_last_ranges_start_within_halo_and_cross_batch_rows(rt, variant,
         dout, dfinal = make_grads(case, inp, n)
         got = launch_bwd_variant(rt, variant, case, inp, dout, dfinal)
         check_grads(f"{variant.key()} {case.id()}", case, got, reference_grads(case, inp, dout, dfinal))
+
+
+# One split: cc1d_kernel writes dweight/dbias itself and no cc1d_reduce runs (its
+# workspace stays NaN); more splits: the reduce sums them. Both, per layout, with
+# poisoned gradients and dims past a whole number of channel groups; and a module
+# without the marker that says so (an older tuning DB's source) still gets its reduce.
+def _cf(x_dtype, w_dtype, width, **config):
+    from cc1d.generator import Family, Variant
+    return Variant.of(Family("bwd", "cf", x_dtype, w_dtype, width), **config)
+
+
+SPLIT_CASES = [
+    (_cf("bf16", "bf16", 4, threads=64, vec_bytes=16, nvec=4, rows=1, max_regs=128, split_blocks=2048),
+     (2, 2101, 1500), 1),
+    (_cf("bf16", "bf16", 4, threads=64, vec_bytes=16, nvec=4, rows=1, max_regs=128, split_blocks=2048),
+     (3, 67, 1500), 3),
+    (_cl("bf16", "f32", 4, threads=128, vec_bytes=4, tile_d=32, step=16, max_regs=128, split_blocks=264),
+     (2, 4470, 301), 1),
+    (_cl("bf16", "f32", 4, threads=128, vec_bytes=4, tile_d=32, step=16, max_regs=128, split_blocks=264),
+     (2, 130, 301), 6),
+]
+
+
+def without_one_split_marker(variant) -> dict:
+    """The variant's runtime fields with its source as a module that does not export
+    cc1d_writes_one_split_sums: one that writes partials whatever the splits."""
+    marked = ('extern "C" __device__ int cc1d_writes_one_split_sums = 1;\n'
+              'constexpr bool kWritesOneSplitSums = true;')
+    assert marked in variant.source
+    source = variant.source.replace(marked, "constexpr bool kWritesOneSplitSums = false;")
+    return dict(variant.as_runtime_dict(), source=source, hash=hashlib.sha256(source.encode()).hexdigest())
+
+
+@pytest.mark.parametrize("marker", [True, False], ids=["marked", "unmarked"])
+@pytest.mark.parametrize("variant, sizes, splits", SPLIT_CASES,
+                         ids=lambda c: c.key() if hasattr(c, "key") else str(c))
+def test_one_split_writes_weight_grads_without_the_reduce(rt, variant, sizes, splits, marker):
+    assert variant.why_invalid() is None, variant.why_invalid()
+    fam, g = variant.family, variant.geometry()
+    b, d, l = sizes
+    shape = Shape("bwd", fam.layout, fam.x_dtype, fam.w_dtype, fam.width, b, d, l)
+    assert bwd_splits(shape, g["tile_l"], g["tile_d"], g["split_blocks"]) == splits
+    case = Case(layout=fam.layout, x_dtype=fam.x_dtype, w_dtype=fam.w_dtype, width=fam.width, batch=b, dim=d,
+                seqlen=l, silu=True, states=True, align=g["align_bytes"] // fam.x_bytes)
+    inp = make_inputs(case, seed=splits)
+    dout, dfinal = make_grads(case, inp, splits)
+    got = launch_bwd_variant(rt, variant, case, inp, dout, dfinal,
+                             None if marker else without_one_split_marker(variant))
+    check_grads(f"{variant.key()} {case.id()}", case, got, reference_grads(case, inp, dout, dfinal))
 
 
 # ---- the API over every feature, both layouts, awkward lengths ---------------------------

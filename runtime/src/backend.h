@@ -23,6 +23,9 @@ struct Functions {
   // may be launched before that kernel ends. Every op passes it to its cc1d_kernel
   // launch; cc1d_reduce is always launched plainly (the marker speaks for cc1d_kernel).
   bool waits_for_previous = false;
+  // With one split the backward's cc1d_kernel writes dweight/dbias itself, and no
+  // cc1d_reduce is to run (the module exports cc1d_writes_one_split_sums).
+  bool writes_one_split_sums = false;
 };
 
 class Backend {

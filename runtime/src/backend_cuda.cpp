@@ -137,14 +137,14 @@ struct Module {
   ~Module() { if (m && g_driver) g_driver->cuModuleUnload(m); }
 };
 
-// Whether the module's cc1d_kernel waits for the previous grid itself (it exports
-// cc1d_waits_for_previous_grid): only such kernels may be launched early.
-bool waits_for_previous(const Driver& d, CUmodule mod) {
+// Whether the module exports a marker (a global the templates define to say what its
+// kernels do, Functions): cc1d_waits_for_previous_grid, cc1d_writes_one_split_sums.
+bool exports(const Driver& d, CUmodule mod, const char* marker) {
   CUdeviceptr address = 0;
   size_t bytes = 0;
-  const CUresult r = d.cuModuleGetGlobal(&address, &bytes, mod, "cc1d_waits_for_previous_grid");
+  const CUresult r = d.cuModuleGetGlobal(&address, &bytes, mod, marker);
   if (r == CUDA_ERROR_NOT_FOUND) return false;
-  CC1D_CUDA_CHECK(r, "looking up cc1d_waits_for_previous_grid");
+  CC1D_CUDA_CHECK(r, std::string("looking up ") + marker);
   return true;
 }
 
@@ -286,7 +286,8 @@ class CudaBackend final : public Backend {
       CC1D_CUDA_CHECK(d.cuFuncSetAttribute(kernel, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes),
                       "kernel " + hash + " asks for " + std::to_string(smem_bytes) + " bytes of shared memory");
     if (with_reduce) CC1D_CUDA_CHECK(d.cuModuleGetFunction(&reduce, mod, "cc1d_reduce"), "kernel " + hash);
-    l.functions = {kernel, reduce, waits_for_previous(d, mod)};
+    l.functions = {kernel, reduce, exports(d, mod, "cc1d_waits_for_previous_grid"),
+                   exports(d, mod, "cc1d_writes_one_split_sums")};
     const Functions f = l.functions;
     per_ctx.emplace(hash, std::move(l));
     return f;

@@ -1,5 +1,6 @@
 // Backward entry points (cc1d.h): check, decide (dispatch.h, op "bwd"), size
-// the workspace, launch cc1d_kernel then cc1d_reduce on the caller's stream.
+// the workspace, launch cc1d_kernel then (with more than one split) cc1d_reduce on
+// the caller's stream.
 #include <algorithm>
 #include <cstdint>
 
@@ -95,6 +96,9 @@ void launch_on(const Location& l, const KernelVariant& v, const Functions& f, co
   const Dim3 grid{unsigned(params.splits), unsigned(std::min<int64_t>(channel_groups(a.p, v), max.y)), 1};
   backend->launch(f.kernel, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), a.stream, &params,
                   sizeof params, f.waits_for_previous);
+  // One split: cc1d_kernel wrote dweight/dbias itself where its module says so
+  // (bwd_common.cuh.j2, bwd_store_split_sum).
+  if (params.splits == 1 && f.writes_one_split_sums) return;
   // Same stream: sums once cc1d_kernel has written every split's partials (launched
   // early where the module's kernels wait for the previous grid on the device).
   backend->launch(f.reduce, Dim3{unsigned(reduce_blocks), 1, 1}, Dim3{kReduceThreads, 1, 1}, 0, a.stream, &params,

@@ -425,7 +425,7 @@ PYBIND11_MODULE(_cc1d, m) {
       },
       py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
       py::arg("silu"), py::arg("workspace_bytes"), py::arg("stream"),
-      "bwd(ptrs, sizes, strides, x_dtype, w_dtype, silu, workspace_bytes, stream): the backward's two kernels "
+      "bwd(ptrs, sizes, strides, x_dtype, w_dtype, silu, workspace_bytes, stream): the backward's kernels "
       "on stream. ptrs (12): x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx, dinitial_states, "
       "dweight, dbias, partials (0 = none). sizes: batch, dim, seqlen, width. strides (26, elements): x (batch, "
       "dim, l), weight (dim, width), bias, dout (3), dx (3), seq_idx (batch, l), initial_states (batch, dim, w), "

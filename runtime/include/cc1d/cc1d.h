@@ -207,12 +207,14 @@ struct BwdArgs {
 // Checks the arguments (InvalidArgument / TypeMismatch naming the field), picks
 // a variant as causal_conv1d_fwd does (memoised; features: bias, silu, seqidx,
 // init = initial_states given, final = dfinal_states given; alignment of x,
-// dout and dx) and launches, on `stream`, its two kernels:
+// dout and dx) and launches, on `stream`, its kernels:
 //   cc1d_kernel: grid (splits, min(ceil(dim/tile_d), 65535)), `threads` threads;
 //     writes dx, dinitial_states and per-split fp32 partial sums of dweight/dbias
 //     into p.partials ([splits][dim][width + 1]);
 //   cc1d_reduce: grid ceil(dim*(width+1)/256) of 256 threads; sums the partials
-//     in split order into dweight (and dbias if given).
+//     in split order into dweight (and dbias if given). With splits == 1 on
+//     CUDA it is not launched: cc1d_kernel writes dweight and dbias itself (the
+//     workspace is required all the same).
 // splits = max(1, min(batch*ceil(seqlen/tile_l), ceil(split_blocks/min(ceil(dim/tile_d), 65535))))
 // (channel-last: floor instead of ceil, so the grid stays within split_blocks)
 // (split_blocks: the variant's tunable partial-sum layout) depends on the variant only, never on the device, and there are no float
@@ -244,7 +246,7 @@ Explanation explain_bwd(const BwdArgs& args, const std::string& arch = "");
 // causal_conv1d_bwd calls of this kind can be captured in a CUDA graph.
 Explanation prepare_bwd(const BwdArgs& args, int device = -1);
 
-// Launches exactly this variant's two kernels (tests, tuner). Its workspace
+// Launches exactly this variant's kernels (tests, tuner). Its workspace
 // need is splits * dim * (width + 1) * 4 bytes with this variant's tiles.
 void launch_bwd(const KernelVariant& v, const BwdArgs& args);
 

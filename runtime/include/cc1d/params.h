@@ -33,7 +33,8 @@ static_assert(sizeof(FwdParams) == 28 * 8, "FwdParams must stay 8-byte fields on
 // `cc1d_kernel` (grid: `splits` x channel groups) writes dx, dinitial_states and
 // per-split fp32 partial sums of dweight/dbias; `cc1d_reduce` (one thread per
 // (channel, tap)) sums the partials in split order into dweight/dbias, so the
-// result is bitwise reproducible (no float atomics).
+// result is bitwise reproducible (no float atomics). With one split, on CUDA,
+// cc1d_kernel writes dweight/dbias itself and cc1d_reduce is not launched.
 struct BwdParams {
   const void* x;               // forward input, (batch, dim, seqlen) viewed
   const void* weight;          // (dim, width)
