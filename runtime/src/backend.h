@@ -21,7 +21,8 @@ struct Functions {
   // cc1d_kernel waits for the previous kernel in the stream itself (CUDA
   // griddepcontrol.wait; the module exports cc1d_waits_for_previous_grid), so it
   // may be launched before that kernel ends. Every op passes it to its cc1d_kernel
-  // launch; cc1d_reduce is always launched plainly (the marker speaks for cc1d_kernel).
+  // launch, and the backward to its cc1d_reduce too (which waits as well); varlen's
+  // cc1d_reduce (the mend) is launched plainly.
   bool waits_for_previous = false;
   // With one split the backward's cc1d_kernel writes dweight/dbias itself, and no
   // cc1d_reduce is to run (the module exports cc1d_writes_one_split_sums).
