@@ -139,20 +139,23 @@ def test_covering_variants_match_reference(rt, variant):
         check_grads(f"{variant.key()} {case.id()}", case, got, want)
 
 
+def _bwd(layout, x_dtype, w_dtype, width, **config):
+    """A backward variant of this layout, dtypes and width with this config."""
+    from cc1d.generator import Family, Variant
+    return Variant.of(Family("bwd", layout, x_dtype, w_dtype, width), **config)
+
+
 # The channel-last schedule's awkward cases (templates/bwd_channel_last.cu.j2): ranges of
 # one step at most, so runs start within HALO of position 0 after shorter ones (step 2,
 # width 8), and ranges of about 12 steps that cross batch rows (129 channel groups, 2
 # splits), over every feature.
-def _cl(x_dtype, w_dtype, width, **config):
-    from cc1d.generator import Family, Variant
-    return Variant.of(Family("bwd", "cl", x_dtype, w_dtype, width), **config)
-
-
 SCHEDULE_CASES = [
-    (_cl("bf16", "f32", 8, threads=128, vec_bytes=4, tile_d=64, step=2, max_regs=255, split_blocks=2112), (3, 67, 37)),
-    (_cl("bf16", "f32", 4, threads=128, vec_bytes=4, tile_d=32, step=16, max_regs=128, split_blocks=264),
+    (_bwd("cl", "bf16", "f32", 8, threads=128, vec_bytes=4, tile_d=64, step=2, max_regs=255, split_blocks=2112),
+     (3, 67, 37)),
+    (_bwd("cl", "bf16", "f32", 4, threads=128, vec_bytes=4, tile_d=32, step=16, max_regs=128, split_blocks=264),
      (3, 4100, 1001)),
-    (_cl("f32", "f32", 3, threads=64, vec_bytes=8, tile_d=32, step=4, max_regs=128, split_blocks=1320), (2, 70, 45)),
+    (_bwd("cl", "f32", "f32", 3, threads=64, vec_bytes=8, tile_d=32, step=4, max_regs=128, split_blocks=1320),
+     (2, 70, 45)),
 ]
 
 
@@ -175,19 +178,16 @@ def test_channel_last_ranges_start_within_halo_and_cross_batch_rows(rt, variant,
 # workspace stays NaN); more splits: the reduce sums them. Both, per layout, with
 # poisoned gradients and dims past a whole number of channel groups; and a module
 # without the marker that says so (an older tuning DB's source) still gets its reduce.
-def _cf(x_dtype, w_dtype, width, **config):
-    from cc1d.generator import Family, Variant
-    return Variant.of(Family("bwd", "cf", x_dtype, w_dtype, width), **config)
 
 
 SPLIT_CASES = [
-    (_cf("bf16", "bf16", 4, threads=64, vec_bytes=16, nvec=4, rows=1, max_regs=128, split_blocks=2048),
+    (_bwd("cf", "bf16", "bf16", 4, threads=64, vec_bytes=16, nvec=4, rows=1, max_regs=128, split_blocks=2048),
      (2, 2101, 1500), 1),
-    (_cf("bf16", "bf16", 4, threads=64, vec_bytes=16, nvec=4, rows=1, max_regs=128, split_blocks=2048),
+    (_bwd("cf", "bf16", "bf16", 4, threads=64, vec_bytes=16, nvec=4, rows=1, max_regs=128, split_blocks=2048),
      (3, 67, 1500), 3),
-    (_cl("bf16", "f32", 4, threads=128, vec_bytes=4, tile_d=32, step=16, max_regs=128, split_blocks=264),
+    (_bwd("cl", "bf16", "f32", 4, threads=128, vec_bytes=4, tile_d=32, step=16, max_regs=128, split_blocks=264),
      (2, 4470, 301), 1),
-    (_cl("bf16", "f32", 4, threads=128, vec_bytes=4, tile_d=32, step=16, max_regs=128, split_blocks=264),
+    (_bwd("cl", "bf16", "f32", 4, threads=128, vec_bytes=4, tile_d=32, step=16, max_regs=128, split_blocks=264),
      (2, 130, 301), 6),
 ]
 
