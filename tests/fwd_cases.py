@@ -120,8 +120,9 @@ def assert_close(name: str, got: torch.Tensor, want: torch.Tensor, x_dtype: str)
     assert err == err and err <= TOLERANCE[x_dtype], f"{name}: relative L2 error {err:.3e}"
 
 
-def launch_variant(rt, variant, case: Case, inp: dict):
-    """Run exactly one generated variant on poisoned outputs; returns (out, final_states)."""
+def launch_variant(rt, variant, case: Case, inp: dict, runtime_dict: dict | None = None):
+    """Run exactly one generated variant (or `runtime_dict`, its runtime fields with
+    another source) on poisoned outputs; returns (out, final_states)."""
     x, w = inp["x"], inp["weight"]
     out = poisoned(x.shape, x.dtype, case.layout, case.align)
     fs = poisoned((case.batch, case.dim, case.width - 1), x.dtype) if case.final else None
@@ -130,7 +131,7 @@ def launch_variant(rt, variant, case: Case, inp: dict):
     st = lambda t, n: (0,) * n if t is None else tuple(t.stride())  # noqa: E731
     strides = (*x.stride(), *w.stride(), 0 if b is None else b.stride(0), *out.stride(),
                *st(s, 2), *st(i, 3), *st(fs, 3))
-    rt.launch_fwd(variant.as_runtime_dict(),
+    rt.launch_fwd(runtime_dict or variant.as_runtime_dict(),
                   (x.data_ptr(), w.data_ptr(), ptr(b), ptr(s), ptr(i), out.data_ptr(), ptr(fs)),
                   (case.batch, case.dim, case.seqlen, case.width), strides,
                   DTYPE_CODES[case.x_dtype], DTYPE_CODES[case.w_dtype], case.silu,

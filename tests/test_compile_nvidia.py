@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from cc1d.generator import fallback_chain, families
+from cc1d.generator import default_variant, fallback_chain, families
 
 from cc1d.generator.covering import all_covering, axis_values, covering_variants
 from compile_checks import PTXAS_VERBOSE, nvidia_resources
@@ -62,6 +62,18 @@ def test_every_untuned_kernel_compiles_for_sm90_without_spills(nvrtc):
 def test_compile_error_carries_the_log(nvrtc):
     with pytest.raises(RuntimeError, match="cc1d_kernel|error"):
         nvrtc.compile('extern "C" __global__ void cc1d_kernel() { undeclared_symbol(); }', "sm_90")
+
+
+def test_only_channel_last_forward_modules_say_their_grid_is_groups_first(nvrtc):
+    """The runtime launches a forward grid as (channel groups, chunks, batch) only where
+    the module exports cc1d_cl_groups_first_grid: the channel-last forward's kernel, also
+    varlen's channel-last one. The other kernels read their grids as before."""
+    marker = b"cc1d_cl_groups_first_grid"
+    for op in ("fwd", "vfwd", "bwd", "upd"):
+        for layout in ("cf", "cl"):
+            v = default_variant(next(f for f in families(op) if f.layout == layout), "sm_90")
+            binary = bytes(nvrtc.compile(v.source, "sm_90", [])[0])
+            assert (marker in binary) == (op in ("fwd", "vfwd") and layout == "cl"), v.key()
 
 
 @pytest.mark.all_variants

@@ -1,6 +1,7 @@
 """Forward kernels on the GPU against the float64 reference (marker: gpu)."""
 from __future__ import annotations
 
+import hashlib
 import itertools
 import random
 
@@ -197,6 +198,42 @@ def test_torch_compile_keeps_the_op_in_graph():
     got = compiled(inp["x"], inp["weight"], inp["bias"])
     want = f(inp["x"], inp["weight"], inp["bias"])
     assert torch.equal(got, want)
+
+
+GROUPS_FIRST_MARKER = 'extern "C" __device__ int cc1d_cl_groups_first_grid = 1;\n'
+
+
+def without_groups_first_marker(variant) -> dict:
+    """The variant's runtime fields with its source as a module that does not export
+    cc1d_cl_groups_first_grid (a source from an older tuning DB): the runtime launches
+    it chunks first, and the kernel must then read its chunk from x and its group from y."""
+    assert GROUPS_FIRST_MARKER in variant.source
+    source = variant.source.replace(GROUPS_FIRST_MARKER, "", 1).replace(
+        "#if CC1D_CUDA\n#define CC1D_CL_GROUP blockIdx.x", "#if 0\n#define CC1D_CL_GROUP blockIdx.x", 1)
+    assert source.count("#if 0\n") == 1, "the groups-first block moved: update this test"
+    return dict(variant.as_runtime_dict(), source=source, hash=hashlib.sha256(source.encode()).hexdigest())
+
+
+# (batch, dim, seqlen): dims past one channel group and not a multiple of it. With the
+# first key (4 rows per chunk) the last has more chunks than the grid's y may hold
+# (65535): the groups-first kernel loops over chunks, the chunks-first one over groups.
+GROUPS_FIRST_SHAPES = [(3, 700, 1031), (2, 260, 270_001)]
+
+
+@pytest.mark.parametrize("marker", [True, False], ids=["groups_first", "chunks_first"])
+@pytest.mark.parametrize("sizes", GROUPS_FIRST_SHAPES, ids=str)
+@pytest.mark.parametrize("key", ["fwd.cl.bf16wbf16.w4.t64.v8.d256.l4.g128", "fwd.cl.f32wf32.w4.t128.v16.d128.l8.g96"])
+def test_channel_last_grid_order_follows_the_module(rt, key, sizes, marker):
+    fam = Family("fwd", "cl", *key.split(".")[2].split("w"), 4)
+    variant = next(v for v in variants(fam) if v.key() == key)
+    b, d, l = sizes
+    case = Case(layout="cl", x_dtype=fam.x_dtype, w_dtype=fam.w_dtype, width=4, batch=b, dim=d, seqlen=l,
+                states=True, final=True, align=variant.geometry()["align_bytes"] // fam.x_bytes)
+    inp = make_inputs(case, seed=d + l)
+    out, fs = launch_variant(rt, variant, case, inp, None if marker else without_groups_first_marker(variant))
+    ref_out, ref_fs = reference(case, inp)
+    assert_close(f"{key} {case.id()} out", out, ref_out, case.x_dtype)
+    assert_close(f"{key} {case.id()} final_states", fs, ref_fs, case.x_dtype)
 
 
 @pytest.mark.all_variants

@@ -27,6 +27,9 @@ struct Functions {
   // With one split the backward's cc1d_kernel writes dweight/dbias itself, and no
   // cc1d_reduce is to run (the module exports cc1d_writes_one_split_sums).
   bool writes_one_split_sums = false;
+  // The channel-last forward's grid is (channel groups, chunks of rows, batch), not
+  // (chunks, groups, batch) (the module exports cc1d_cl_groups_first_grid).
+  bool cl_groups_first_grid = false;
 };
 
 class Backend {

@@ -455,6 +455,12 @@ unsigned grid_dim(int64_t n, int tile, unsigned max) {
   return g > int64_t(max) ? max : unsigned(g);
 }
 
+Dim3 fwd_grid(int64_t rows, int64_t dim, int64_t batch, const KernelVariant& v, const Functions& f, Dim3 max) {
+  if (f.cl_groups_first_grid)
+    return {grid_dim(dim, v.tile_d, max.x), grid_dim(rows, v.tile_l, max.y), grid_dim(batch, 1, max.z)};
+  return {grid_dim(rows, v.tile_l, max.x), grid_dim(dim, v.tile_d, max.y), grid_dim(batch, 1, max.z)};
+}
+
 Functions functions_on(const Location& l, const KernelVariant& v, bool with_reduce) {
   Backend* backend = l.backend;
   const int device = l.device;

@@ -157,6 +157,11 @@ class RememberedFixed {
 };
 
 unsigned grid_dim(int64_t n, int tile, unsigned max);
+// A forward kernel's grid over `rows` positions, dim channels and batch: (chunks of
+// tile_l rows, groups of tile_d channels, batch), or (groups, chunks, batch) where
+// the module says so (Functions::cl_groups_first_grid). Each side is capped at max;
+// the kernels loop over what the grid leaves.
+Dim3 fwd_grid(int64_t rows, int64_t dim, int64_t batch, const KernelVariant& v, const Functions& f, Dim3 max);
 Explanation explanation_of(const Decision& d);
 // The device a prepare_* call loads for: x's, else `device`, else the current one.
 Location prepare_location(const void* x, int device);

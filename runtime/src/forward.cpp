@@ -35,9 +35,7 @@ std::shared_ptr<const Decision> decide_for(const FwdArgs& args, const std::strin
 void launch_on(const Location& l, const KernelVariant& v, const Functions& f, const FwdArgs& a) {
   Backend* backend = l.backend;
   const int device = l.device;
-  const Dim3 max = backend->max_grid(device);
-  const Dim3 grid{grid_dim(a.p.seqlen, v.tile_l, max.x), grid_dim(a.p.dim, v.tile_d, max.y),
-                  grid_dim(a.p.batch, 1, max.z)};
+  const Dim3 grid = fwd_grid(a.p.seqlen, a.p.dim, a.p.batch, v, f, backend->max_grid(device));
   FwdParams params = a.p;
   backend->launch(f.kernel, grid, Dim3{unsigned(v.threads), 1, 1}, unsigned(v.smem_bytes), a.stream, &params,
                   sizeof params, f.waits_for_previous);

@@ -68,8 +68,8 @@ void launch_on(const Location& l, const KernelVariant& v, const Functions& f, co
   const Dim3 max = backend->max_grid(l.device);
   const VarlenParams& p = a.p;
   if (p.out != nullptr && p.total_tokens > 0) {  // else states only: the mend writes them
-    const Dim3 grid{grid_dim(p.total_tokens, v.tile_l, max.x),
-                    grid_dim(p.dim, v.tile_d, unsigned(std::min<int64_t>(max.y, kMaxGridYZ))), 1};
+    const Dim3 capped{max.x, unsigned(std::min<int64_t>(max.y, kMaxGridYZ)), 1};
+    const Dim3 grid = fwd_grid(p.total_tokens, p.dim, 1, v, f, capped);
     const Dim3 block{unsigned(v.threads), 1, 1};
     if (layout == Layout::channel_last) {
       FwdParams params = stream_as_fwd(p);
