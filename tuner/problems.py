@@ -33,7 +33,11 @@ class Problem(Protocol):
 
     def launch(self, rt: Any, kernel: dict, shape: Shape, inputs: dict[str, Any],
                outputs: dict[str, Any], stream: int) -> None:
-        """Launch exactly this kernel (Variant.as_runtime_dict(); no dispatch) on the caller's stream."""
+        """Launch exactly this kernel (Variant.as_runtime_dict(); no dispatch) on the caller's stream.
+
+        A problem whose plans compile the kernel with options (FwdProblem's fixed kernels)
+        launches that build, and says which in plan_options(rt, shape, inputs, outputs)
+        (None: the source as it is), so that the tuner can compile it ahead."""
 
 
 def _torch_dtype(name: str):
@@ -97,8 +101,8 @@ class FwdProblem:
                                     seq_idx=inputs["seq_idx"])
         return dict(out=out, final_states=fs) if shape.final_states else dict(out=out)
 
-    def launch(self, rt: Any, kernel: dict, shape: Shape, inputs: dict[str, Any],
-               outputs: dict[str, Any], stream: int) -> None:
+    def launch_args(self, shape: Shape, inputs: dict[str, Any], outputs: dict[str, Any]) -> tuple:
+        """launch_fwd's arguments between the variant and the stream."""
         x, w, b = inputs["x"], inputs["weight"], inputs["bias"]
         s, i = inputs["seq_idx"], inputs["initial_states"]
         out, fs = outputs["out"], outputs.get("final_states")
@@ -106,11 +110,21 @@ class FwdProblem:
         st = lambda t, n: (0,) * n if t is None else tuple(t.stride())  # noqa: E731
         strides = (*x.stride(), *w.stride(), 0 if b is None else b.stride(0), *out.stride(),
                    *st(s, 2), *st(i, 3), *st(fs, 3))
-        rt.launch_fwd(kernel,
-                      (x.data_ptr(), w.data_ptr(), ptr(b), ptr(s), ptr(i), out.data_ptr(), ptr(fs)),
-                      (shape.batch, shape.dim, shape.seqlen, shape.width), strides,
-                      DTYPE_CODES[shape.x_dtype], DTYPE_CODES[shape.w_dtype],
-                      shape.activation == "silu", stream)
+        return ((x.data_ptr(), w.data_ptr(), ptr(b), ptr(s), ptr(i), out.data_ptr(), ptr(fs)),
+                (shape.batch, shape.dim, shape.seqlen, shape.width), strides,
+                DTYPE_CODES[shape.x_dtype], DTYPE_CODES[shape.w_dtype], shape.activation == "silu")
+
+    def launch(self, rt: Any, kernel: dict, shape: Shape, inputs: dict[str, Any],
+               outputs: dict[str, Any], stream: int) -> None:
+        # as_plan: the kernel users' calls run (their plans' fixed kernel where plans fix)
+        rt.launch_fwd(kernel, *self.launch_args(shape, inputs, outputs), stream, as_plan=True)
+
+    def plan_options(self, rt: Any, shape: Shape, inputs: dict[str, Any],
+                     outputs: dict[str, Any]) -> list[str] | None:
+        """The compiler options of the fixed kernel that launch() runs for these buffers,
+        or None where it runs the generic kernel (rt.fwd_plan_fixes)."""
+        args = self.launch_args(shape, inputs, outputs)
+        return rt.fwd_fixed_options(*args) if rt.fwd_plan_fixes(*args) else None
 
 
 def bwd_splits(shape: Shape, tile_l: int, tile_d: int, split_blocks: int) -> int:
@@ -336,13 +350,22 @@ class UpdProblem:
                                        out_dtype=torch.float64)
         return dict(out=out, conv_state=state.double())
 
-    def launch(self, rt: Any, kernel: dict, shape: Shape, inputs: dict[str, Any],
-               outputs: dict[str, Any], stream: int) -> None:
+    def launch_args(self, shape: Shape, inputs: dict[str, Any], outputs: dict[str, Any]) -> tuple:
         from ..update import _upd_call_args
-        args = _upd_call_args(inputs["x"], outputs["conv_state"], inputs["weight"], inputs["bias"], None,
+        return _upd_call_args(inputs["x"], outputs["conv_state"], inputs["weight"], inputs["bias"], None,
                               inputs.get("conv_state_indices"), None, outputs["out"], -1,
                               shape.activation == "silu")
-        rt.launch_upd(kernel, *args, stream)
+
+    def launch(self, rt: Any, kernel: dict, shape: Shape, inputs: dict[str, Any],
+               outputs: dict[str, Any], stream: int) -> None:
+        # as_plan: the kernel users' calls run (their plans' fixed kernel)
+        rt.launch_upd(kernel, *self.launch_args(shape, inputs, outputs), stream, as_plan=True)
+
+    def plan_options(self, rt: Any, shape: Shape, inputs: dict[str, Any],
+                     outputs: dict[str, Any]) -> list[str] | None:
+        """FwdProblem.plan_options for the update (rt.upd_plan_fixes, rt.upd_fixed_options)."""
+        args = self.launch_args(shape, inputs, outputs)
+        return rt.upd_fixed_options(*args) if rt.upd_plan_fixes(*args) else None
 
 
 PROBLEMS: dict[str, Problem] = {"fwd": FwdProblem(), "bwd": BwdProblem(), "vfwd": VarlenProblem(),

@@ -461,16 +461,35 @@ Dim3 fwd_grid(int64_t rows, int64_t dim, int64_t batch, const KernelVariant& v, 
   return {grid_dim(rows, v.tile_l, max.x), grid_dim(dim, v.tile_d, max.y), grid_dim(batch, 1, max.z)};
 }
 
+namespace {
+
+void check_source_hash(const KernelVariant& v) {
+  const std::string actual = sha256_hex(v.source);
+  if (actual != v.hash)
+    throw InvalidArgument("variant " + v.key + ": hash " + v.hash + " does not match its source (sha256 " + actual +
+                          ")");
+}
+
+std::string joined_options(const std::vector<std::string>& options) {
+  std::string joined;
+  for (const std::string& o : options) joined += o + ' ';
+  return joined;
+}
+
+// The backend's name for v's module built with these options.
+std::string fixed_module_key(const KernelVariant& v, const std::string& joined_options) {
+  return v.hash + "+fixed:" + sha256_hex(joined_options);
+}
+
+}  // namespace
+
 Functions functions_on(const Location& l, const KernelVariant& v, bool with_reduce) {
   Backend* backend = l.backend;
   const int device = l.device;
   Functions f = backend->find_functions(device, v.hash);
   if (!f.kernel || (with_reduce && !f.reduce)) {
     // First use of this variant in this context: the only slow path.
-    const std::string actual = sha256_hex(v.source);
-    if (actual != v.hash)
-      throw InvalidArgument("variant " + v.key + ": hash " + v.hash + " does not match its source (sha256 " +
-                            actual + ")");
+    check_source_hash(v);
     const std::string target = backend->device_target(device);
     CompileResult r = compile_cached(*backend, v.source, target, {});
     f = backend->load_functions(device, v.hash, r.binary, v.smem_bytes, with_reduce);
@@ -483,17 +502,23 @@ void add_fixed_define(std::vector<std::string>& options, const char* name, int64
   options.push_back(std::string("-DCC1D_FIX_") + name + "=((long long)" + std::to_string(uint64_t(value)) + "ULL)");
 }
 
+Functions load_fixed_functions(const KernelVariant& v, const Location& l, const std::vector<std::string>& options) {
+  const std::string key = fixed_module_key(v, joined_options(options));
+  if (Functions f = l.backend->find_functions(l.device, key); f.kernel) return f;
+  check_source_hash(v);
+  const CompileResult r = compile_cached(*l.backend, v.source, l.backend->device_target(l.device), options);
+  const Functions f = l.backend->load_functions(l.device, key, r.binary, v.smem_bytes, /*with_reduce=*/false);
+  g_loads.fetch_add(1, std::memory_order_relaxed);
+  return f;
+}
+
 Functions fixed_functions(const KernelVariant& v, const Location& l, const std::vector<std::string>& options,
                           bool may_load) {
-  std::string joined;
-  for (const std::string& o : options) joined += o + ' ';
-  const std::string key = v.hash + "+fixed:" + sha256_hex(joined);  // the module's name in the backend
+  const std::string joined = joined_options(options);
+  const std::string key = fixed_module_key(v, joined);
   if (Functions f = l.backend->find_functions(l.device, key); f.kernel || !may_load) return f;
   try {
-    const CompileResult r = compile_cached(*l.backend, v.source, l.backend->device_target(l.device), options);
-    const Functions f = l.backend->load_functions(l.device, key, r.binary, v.smem_bytes, /*with_reduce=*/false);
-    g_loads.fetch_add(1, std::memory_order_relaxed);
-    return f;
+    return load_fixed_functions(v, l, options);
   } catch (const std::exception& e) {
     std::string why = e.what();
     why = why.substr(0, why.find('\n'));

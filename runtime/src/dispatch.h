@@ -121,6 +121,10 @@ void add_fixed_define(std::vector<std::string>& options, const char* name, int64
 Functions fixed_functions(const KernelVariant& v, const Location& l, const std::vector<std::string>& options,
                           bool may_load);
 
+// fixed_functions that loads whenever it finds none, and throws (InvalidArgument,
+// CompileError, BackendError) where fixed_functions warns.
+Functions load_fixed_functions(const KernelVariant& v, const Location& l, const std::vector<std::string>& options);
+
 // A plan's fixed kernel for its last decision, module scope and set of optional
 // inputs (bits, one per input the call has). One loaded already (by another plan or
 // prepare_*) serves at once. Nothing is compiled or loaded where the caller says

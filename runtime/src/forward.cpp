@@ -140,7 +140,9 @@ Explanation precompile_fwd(const FwdArgs& args, const std::string& arch) {
   return explanation_of(*decide_compiled(fwd_call(args, layout), arch_id_for(arch, args.p.x)));
 }
 
-void launch_fwd(const KernelVariant& v, const FwdArgs& args) {
+bool fwd_plan_fixes(const FwdArgs& args) { return plans_fix(validate_fwd(args), args.width); }
+
+void launch_fwd(const KernelVariant& v, const FwdArgs& args, LaunchAs as) {
   const Layout layout = validate_fwd(args);
   check_variant_shape(v);
   char family[kFamilyBufSize];
@@ -151,7 +153,8 @@ void launch_fwd(const KernelVariant& v, const FwdArgs& args) {
                           std::to_string(v.align_bytes) + " bytes, the call gives " + std::to_string(align));
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
-  launch_on(l, v, functions_on(l, v, /*with_reduce=*/false), args);
+  const bool fixed = as == LaunchAs::plan && plans_fix(layout, args.width);
+  launch_on(l, v, fixed ? load_fixed_functions(v, l, fwd_fixed_options(args)) : functions_on(l, v, false), args);
 }
 
 // ---- FwdPlan ---------------------------------------------------------------

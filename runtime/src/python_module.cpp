@@ -324,14 +324,27 @@ PYBIND11_MODULE(_cc1d, m) {
   m.def(
       "launch_fwd",
       [](const py::dict& variant, const Ptrs& ptrs, const Sizes& sizes, const Strides& strides, int x_dtype,
-         int w_dtype, bool silu, int64_t stream) {
+         int w_dtype, bool silu, int64_t stream, bool as_plan) {
         const KernelVariant v = variant_from(variant);
         const FwdArgs a = make_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, stream);
         py::gil_scoped_release nogil;
-        cc1d::launch_fwd(v, a);
+        cc1d::launch_fwd(v, a, as_plan ? cc1d::LaunchAs::plan : cc1d::LaunchAs::generic);
       },
       py::arg("variant"), py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"),
-      py::arg("w_dtype"), py::arg("silu"), py::arg("stream"));
+      py::arg("w_dtype"), py::arg("silu"), py::arg("stream"), py::arg("as_plan") = false,
+      "launch_fwd(variant, ptrs, sizes, strides, x_dtype, w_dtype, silu, stream, as_plan=False): launches "
+      "exactly this variant: its generic kernel, or with as_plan the kernel a plan for such calls launches "
+      "(its fixed kernel where fwd_plan_fixes; CompileError's RuntimeError if that does not compile).");
+
+  m.def(
+      "fwd_plan_fixes",
+      [](const Ptrs& ptrs, const Sizes& sizes, const Strides& strides, int x_dtype, int w_dtype, bool silu) {
+        return cc1d::fwd_plan_fixes(make_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, 0));
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
+      py::arg("silu"),
+      "fwd_plan_fixes(<fwd's arguments but stream>) -> bool: whether forward plans for such calls launch "
+      "fixed kernels (channel-last, channel-first of width 5-8; not with CC1D_FWD_GENERIC=1).");
 
   m.def(
       "fwd_fixed_options",
@@ -664,15 +677,27 @@ PYBIND11_MODULE(_cc1d, m) {
   m.def(
       "launch_upd",
       [](const py::dict& variant, const UpdPtrs& ptrs, const UpdSizes& sizes, const UpdStrides& strides,
-         int64_t pad_slot_id, int x_dtype, int w_dtype, bool silu, int64_t stream) {
+         int64_t pad_slot_id, int x_dtype, int w_dtype, bool silu, int64_t stream, bool as_plan) {
         const KernelVariant v = variant_from(variant);
         const UpdArgs a = make_upd_args(ptrs, sizes, strides, pad_slot_id, x_dtype, w_dtype, silu, stream);
         py::gil_scoped_release nogil;
-        cc1d::launch_upd(v, a);
+        cc1d::launch_upd(v, a, as_plan ? cc1d::LaunchAs::plan : cc1d::LaunchAs::generic);
       },
       py::arg("variant"), py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("pad_slot_id"),
-      py::arg("x_dtype"), py::arg("w_dtype"), py::arg("silu"), py::arg("stream"),
-      "launch_upd(variant, <upd's arguments>): exactly this variant.");
+      py::arg("x_dtype"), py::arg("w_dtype"), py::arg("silu"), py::arg("stream"), py::arg("as_plan") = false,
+      "launch_upd(variant, <upd's arguments>, as_plan=False): exactly this variant: its generic kernel, or with "
+      "as_plan the one an update plan launches (its fixed kernel where upd_plan_fixes).");
+
+  m.def(
+      "upd_plan_fixes",
+      [](const UpdPtrs& ptrs, const UpdSizes& sizes, const UpdStrides& strides, int64_t pad_slot_id, int x_dtype,
+         int w_dtype, bool silu) {
+        return cc1d::upd_plan_fixes(make_upd_args(ptrs, sizes, strides, pad_slot_id, x_dtype, w_dtype, silu, 0));
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("pad_slot_id"), py::arg("x_dtype"),
+      py::arg("w_dtype"), py::arg("silu"),
+      "upd_plan_fixes(<upd's arguments but stream>) -> bool: whether update plans launch fixed kernels "
+      "(unless CC1D_UPD_GENERIC=1).");
 
   m.def(
       "upd_fixed_options",

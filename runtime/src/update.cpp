@@ -128,7 +128,12 @@ Explanation prepare_upd(const UpdArgs& args, int device) {
   return explanation_of(*d);
 }
 
-void launch_upd(const KernelVariant& v, const UpdArgs& args) {
+bool upd_plan_fixes(const UpdArgs& args) {
+  validate_upd(args);
+  return env().upd_fixed;
+}
+
+void launch_upd(const KernelVariant& v, const UpdArgs& args, LaunchAs as) {
   const Layout layout = validate_upd(args);
   check_variant_shape(v);
   char family[kFamilyBufSize];
@@ -140,7 +145,8 @@ void launch_upd(const KernelVariant& v, const UpdArgs& args) {
                           std::to_string(align));
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
-  launch_on(l, v, functions_on(l, v, /*with_reduce=*/false), args);
+  const bool fixed = as == LaunchAs::plan && env().upd_fixed;
+  launch_on(l, v, fixed ? load_fixed_functions(v, l, upd_fixed_options(args)) : functions_on(l, v, false), args);
 }
 
 // ---- UpdPlan ---------------------------------------------------------------

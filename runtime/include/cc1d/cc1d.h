@@ -140,10 +140,22 @@ void set_package_dir(const std::string& dir);
 // the same source will not compile any better).
 void clear_dispatch_cache();
 
+// Which of a variant's kernels launch_fwd and launch_upd run: the generic one (the
+// one causal_conv1d_fwd / causal_conv1d_update launch), or the one a plan (FwdPlan,
+// UpdPlan) for such calls launches: its fixed kernel where the plan fixes
+// (fwd_plan_fixes, upd_plan_fixes), else the generic one. The tuner times the plan's,
+// so that it ranks what users' calls run.
+enum class LaunchAs { generic, plan };
+
 // Launches exactly this variant (the tuner and the tests use it; same compile
 // cache and launch path as causal_conv1d_fwd). Throws InvalidArgument if the
-// call breaks the variant's stated requirements.
-void launch_fwd(const KernelVariant& v, const FwdArgs& args);
+// call breaks the variant's stated requirements; as a plan, throws CompileError
+// where the fixed kernel does not compile (a plan would warn and launch the
+// generic one).
+void launch_fwd(const KernelVariant& v, const FwdArgs& args, LaunchAs as = LaunchAs::generic);
+// Whether a FwdPlan for calls like `args` launches fixed kernels: channel-last
+// calls and channel-first ones of width 5-8, unless CC1D_FWD_GENERIC=1.
+bool fwd_plan_fixes(const FwdArgs& args);
 // The compiler options (-D...) of a forward plan's fixed kernel for calls like `args`:
 // dim, the activation, which optional inputs (bias, seq_idx, initial_states,
 // final_states) it has, and the strides batch and seqlen do not set (along seqlen;
@@ -323,7 +335,10 @@ void causal_conv1d_update(const UpdArgs& args);
 KernelVariant select_upd(const UpdArgs& args, const std::string& arch = "");
 Explanation explain_upd(const UpdArgs& args, const std::string& arch = "");
 Explanation prepare_upd(const UpdArgs& args, int device = -1);
-void launch_upd(const KernelVariant& v, const UpdArgs& args);
+// launch_fwd's counterpart (LaunchAs::plan: the plan's fixed kernel, upd_fixed_options).
+void launch_upd(const KernelVariant& v, const UpdArgs& args, LaunchAs as = LaunchAs::generic);
+// Whether an UpdPlan launches fixed kernels: always, unless CC1D_UPD_GENERIC=1.
+bool upd_plan_fixes(const UpdArgs& args);
 // The compiler options (-D...) of an update plan's fixed kernel for calls like `args`:
 // every size and stride but batch and pool, the activation, and which optional inputs
 // (bias, cache_seqlens, conv_state_indices, num_accepted_tokens) it has, as constants.
