@@ -5,6 +5,9 @@ evaluator compiles that kernel ahead on its compile thread, then validates and t
 kernel. Shapes fit no tile; validation is against float64 with NaN-poisoned outputs."""
 from __future__ import annotations
 
+import hashlib
+from types import SimpleNamespace
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -12,7 +15,7 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 from cc1d.generator import default_variant  # noqa: E402
-from cc1d.tuner.evaluate import GpuEvaluator  # noqa: E402
+from cc1d.tuner.evaluate import GpuEvaluator, compile_variant  # noqa: E402
 from cc1d.tuner.measure import MeasureConfig  # noqa: E402
 from cc1d.tuner.shapes import Shape  # noqa: E402
 
@@ -33,7 +36,12 @@ def test_the_tuner_validates_and_times_the_kernel_plans_run(rt, shape, fixes):
     if fixes:
         assert ev.plan_options[0] in ("-DCC1D_FWD_FIXED=1", "-DCC1D_UPD_FIXED=1")
     v = default_variant(shape.family(), target)
-    ev.compile(v)
+    # A source of its own (a comment added), so that no other test in this process has
+    # loaded either of its kernels: the module loads below count this test's alone.
+    source = v.source + f"// {__name__} {shape.key()}\n"
+    kernel = dict(v.as_runtime_dict(), source=source, hash=hashlib.sha256(source.encode()).hexdigest())
+    ev._kernels[v] = kernel
+    compile_variant(rt, SimpleNamespace(source=source), target, ev.plan_options)  # what ev.compile(v) does
     before = rt.dispatch_stats()
     ev.validate(v)  # raises CandidateError on a wrong or unwritten element
     after = rt.dispatch_stats()
@@ -44,6 +52,6 @@ def test_the_tuner_validates_and_times_the_kernel_plans_run(rt, shape, fixes):
     # it was not the one loaded above.
     inputs, outputs = ev.timer.sets[0]
     launch = rt.launch_fwd if shape.op == "fwd" else rt.launch_upd
-    launch(v.as_runtime_dict(), *ev.problem.launch_args(shape, inputs, outputs), torch.cuda.current_stream().cuda_stream)
+    launch(kernel, *ev.problem.launch_args(shape, inputs, outputs), torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     assert rt.dispatch_stats()["loads"] - after["loads"] == (1 if fixes else 0)
