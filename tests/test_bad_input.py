@@ -122,6 +122,9 @@ def x_layout(args: tuple) -> str:
 FWD_ENTRY_POINTS: dict[str, Callable] = {
     "fwd": lambda rt, a: rt.fwd(*a, 0),
     "launch_fwd": lambda rt, a: rt.launch_fwd(default_for("fwd", x_layout(a)), *a, 0),
+    # the plan's kernel, as the tuner launches it (checked before anything is compiled)
+    "launch_fwd.as_plan": lambda rt, a: rt.launch_fwd(default_for("fwd", x_layout(a)), *a, 0, as_plan=True),
+    "fwd_plan_fixes": lambda rt, a: rt.fwd_plan_fixes(*a),
     "select_fwd": lambda rt, a: rt.select_fwd(*a, 0, ARCH),
     "explain_fwd": lambda rt, a: rt.explain_fwd(*a, 0, ARCH),
     "prepare_fwd": lambda rt, a: rt.prepare_fwd(*a, device=-1),
@@ -294,6 +297,8 @@ UPD_CASES = [
 UPD_ENTRY_POINTS: dict[str, Callable] = {
     "upd": lambda rt, a: rt.upd(*a, 0),
     "launch_upd": lambda rt, a: rt.launch_upd(default_for("upd", state_layout(a)), *a, 0),
+    "launch_upd.as_plan": lambda rt, a: rt.launch_upd(default_for("upd", state_layout(a)), *a, 0, as_plan=True),
+    "upd_plan_fixes": lambda rt, a: rt.upd_plan_fixes(*a),
     "select_upd": lambda rt, a: rt.select_upd(*a, arch=ARCH),
     "explain_upd": lambda rt, a: rt.explain_upd(*a, arch=ARCH),
     "prepare_upd": lambda rt, a: rt.prepare_upd(*a, device=-1),
@@ -420,11 +425,13 @@ class Op:
 
 
 OPS = {
-    "fwd": Op(fwd_call, FWD_CASES, FWD_ENTRY_POINTS, deciding=("select_fwd", "explain_fwd"), explain="explain_fwd"),
+    "fwd": Op(fwd_call, FWD_CASES, FWD_ENTRY_POINTS, deciding=("select_fwd", "explain_fwd", "fwd_plan_fixes"),
+              explain="explain_fwd"),
     "bwd": Op(bwd_call, BWD_CASES, BWD_ENTRY_POINTS,
               deciding=("bwd_workspace_bytes", "select_bwd", "explain_bwd", "BwdPlan.workspace_bytes"),
               explain="explain_bwd"),
-    "upd": Op(upd_call, UPD_CASES, UPD_ENTRY_POINTS, deciding=("select_upd", "explain_upd"), explain="explain_upd"),
+    "upd": Op(upd_call, UPD_CASES, UPD_ENTRY_POINTS, deciding=("select_upd", "explain_upd", "upd_plan_fixes"),
+              explain="explain_upd"),
     "vfwd": Op(varlen_call, VFWD_CASES, VFWD_ENTRY_POINTS, deciding=("select_varlen", "explain_varlen"),
                explain="explain_varlen"),
 }
