@@ -96,6 +96,32 @@ def test_warm_timing_crosses_the_process_boundary():
         assert ev.time_warm(v) is None and ev.restarts == 0
 
 
+def test_the_parent_compiles_with_the_workers_plan_options():
+    """--isolate compiles in the parent, with the options of the kernel the worker's
+    launches run (its evaluator's plan_options), so the worker finds it compiled; a
+    replaced worker tells them again."""
+    v = next(iter(variants(CF.family())))
+
+    def factory():
+        ev = FaultyEvaluator(die=[v.key()])
+        ev.plan_options = ["-DCC1D_FWD_FIXED=1", f"-DCC1D_FIX_DIM={CF.dim}"]
+        return ev
+
+    compiled = []
+    with IsolatedEvaluator(factory, context="fork", compile_fn=lambda *a: compiled.append(a)) as ev:
+        ev.compile(v)
+        with pytest.raises(CandidateError, match="worker died"):
+            ev.validate(v)
+        ev.plan_options = None
+        assert ev.time(v, None).median_us > 0  # a fresh worker, which tells them again
+        assert ev.restarts == 1
+        ev.compile(v)
+    with IsolatedEvaluator(FakeEvaluator, context="fork", compile_fn=lambda *a: compiled.append(a)) as ev:
+        ev.compile(v)  # an evaluator without plan_options: the source as it is
+    opts = ["-DCC1D_FWD_FIXED=1", f"-DCC1D_FIX_DIM={CF.dim}"]
+    assert compiled == [(v, opts), (v, opts), (v, None)]
+
+
 def test_compile_errors_are_recorded_not_fatal(tmp_path):
     order = order_of_candidates(tmp_path, 6)
     bad = set(order[1:3])

@@ -273,7 +273,7 @@ def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], Devi
             if args.isolate:
                 evaluator = IsolatedEvaluator(functools.partial(gpu_evaluator, shape, arch),
                                               timeout_s=args.candidate_timeout,
-                                              compile_fn=functools.partial(compile_variant, rt, target=arch))
+                                              compile_fn=lambda v, options: compile_variant(rt, v, arch, options))
             else:
                 evaluator = GpuEvaluator(rt, shape, arch)
             try:

@@ -8,7 +8,10 @@ each call waits at most `timeout_s`. A call that times out, or whose child dies,
 kills the child and raises CandidateError("error", why): the search records it
 like any failed candidate and the next call starts a fresh child. compile()
 runs in the parent when `compile_fn` is given (compilation needs no device, and
-the search overlaps it with measuring), else in the child too.
+the search overlaps it with measuring), else in the child too. The parent's
+compile_fn(variant, plan_options) gets the child evaluator's plan_options (the
+options of the kernel its launches run, evaluate.compile_variant), so that the
+child finds that kernel in the disk compile cache.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ START_TIMEOUT_S = 300.0  # the child imports torch and builds its inputs
 def _serve(conn: Any, factory: Callable[[], Any]) -> None:
     """The child: build the evaluator, then answer (method, args) until told to stop."""
     ev = factory()
-    conn.send(("ready", getattr(ev, "bytes_moved", 0)))
+    conn.send(("ready", getattr(ev, "bytes_moved", 0), getattr(ev, "plan_options", None)))
     while True:
         msg = conn.recv()
         if msg is None:
@@ -45,13 +48,15 @@ def _serve(conn: Any, factory: Callable[[], Any]) -> None:
 
 class IsolatedEvaluator:
     def __init__(self, factory: Callable[[], Any], *, timeout_s: float = 120.0,
-                 compile_fn: Optional[Callable[[Variant], None]] = None, context: str = "spawn") -> None:
+                 compile_fn: Optional[Callable[[Variant, Optional[list]], None]] = None,
+                 context: str = "spawn") -> None:
         self.factory, self.timeout_s, self.compile_fn = factory, timeout_s, compile_fn
         self.ctx = mp.get_context(context)
         self.lock = threading.Lock()
         self.proc: Any = None
         self.conn: Any = None
         self.restarts = 0  # children replaced after a timeout or a death
+        self.plan_options: Optional[list] = None  # the child's, set by _start
         self.bytes_moved = self._start()
 
     # ---- the child's life ---------------------------------------------------------
@@ -67,7 +72,7 @@ class IsolatedEvaluator:
             self._kill()
             raise RuntimeError(f"cc1d-tune: the measuring worker did not start within {START_TIMEOUT_S:g} s")
         try:
-            tag, bytes_moved = parent.recv()
+            tag, bytes_moved, self.plan_options = parent.recv()
         except EOFError:
             code = self._kill()
             raise RuntimeError(f"cc1d-tune: the measuring worker died while starting (exit code {code})") from None
@@ -134,7 +139,7 @@ class IsolatedEvaluator:
 
     def compile(self, variant: Variant) -> None:
         if self.compile_fn is not None:
-            self.compile_fn(variant)
+            self.compile_fn(variant, self.plan_options)
         else:
             self._call("compile", variant)
 
