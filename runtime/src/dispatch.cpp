@@ -481,6 +481,17 @@ std::string fixed_module_key(const KernelVariant& v, const std::string& joined_o
   return v.hash + "+fixed:" + sha256_hex(joined_options);
 }
 
+// Compiles v with these options and loads the module as `key` (the slow path of
+// load_fixed_functions and fixed_functions, after their lookup missed); throws.
+Functions compile_and_load_fixed(const KernelVariant& v, const Location& l, const std::vector<std::string>& options,
+                                 const std::string& key) {
+  check_source_hash(v);
+  const CompileResult r = compile_cached(*l.backend, v.source, l.backend->device_target(l.device), options);
+  const Functions f = l.backend->load_functions(l.device, key, r.binary, v.smem_bytes, /*with_reduce=*/false);
+  g_loads.fetch_add(1, std::memory_order_relaxed);
+  return f;
+}
+
 }  // namespace
 
 Functions functions_on(const Location& l, const KernelVariant& v, bool with_reduce) {
@@ -505,11 +516,7 @@ void add_fixed_define(std::vector<std::string>& options, const char* name, int64
 Functions load_fixed_functions(const KernelVariant& v, const Location& l, const std::vector<std::string>& options) {
   const std::string key = fixed_module_key(v, joined_options(options));
   if (Functions f = l.backend->find_functions(l.device, key); f.kernel) return f;
-  check_source_hash(v);
-  const CompileResult r = compile_cached(*l.backend, v.source, l.backend->device_target(l.device), options);
-  const Functions f = l.backend->load_functions(l.device, key, r.binary, v.smem_bytes, /*with_reduce=*/false);
-  g_loads.fetch_add(1, std::memory_order_relaxed);
-  return f;
+  return compile_and_load_fixed(v, l, options, key);
 }
 
 Functions fixed_functions(const KernelVariant& v, const Location& l, const std::vector<std::string>& options,
@@ -518,7 +525,7 @@ Functions fixed_functions(const KernelVariant& v, const Location& l, const std::
   const std::string key = fixed_module_key(v, joined);
   if (Functions f = l.backend->find_functions(l.device, key); f.kernel || !may_load) return f;
   try {
-    return load_fixed_functions(v, l, options);
+    return compile_and_load_fixed(v, l, options, key);
   } catch (const std::exception& e) {
     std::string why = e.what();
     why = why.substr(0, why.find('\n'));
