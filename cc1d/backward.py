@@ -251,8 +251,8 @@ class CausalConv1dFn(torch.autograd.Function):
         if return_final_states and fs is None:
             fs = ops._final_states_buffer(x, weight, True)
         written = fs if return_final_states else None
-        if plan is None:  # not through causal_conv1d_fn (compat's subclass): no checked plan
-            out = ops._forward_impl(x, weight, bias, seq_idx, initial_states, written, silu)
+        if plan is None:  # not through causal_conv1d_fn (compat's subclass): no plan at hand
+            out = ops._forward_via_plan(x, weight, bias, seq_idx, initial_states, written, silu)
         else:
             out = ops._forward_planned(plan, x, weight, bias, seq_idx, initial_states, written, silu)
         ctx.save_for_backward(x, weight, bias, seq_idx, initial_states)

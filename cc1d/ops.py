@@ -120,6 +120,8 @@ def _launch(x, weight, bias, seq_idx, initial_states, final_states, out, silu: b
 
 
 def _forward_impl(x, weight, bias, seq_idx, initial_states, final_states_out, silu: bool):
+    """A call through the runtime's plain entry, no plan: the generic kernel (aiter's shim
+    writing into a given out; the tests hold the plans' fixed kernels to it)."""
     sb, sd, sl = _inner_strides(x)
     if sl != 1 and sd != 1:
         x = x.contiguous()  # neither inner stride is 1: the kernels need one of them
@@ -245,6 +247,24 @@ def _forward_planned(plan: _FwdPlan, x, weight, bias, seq_idx, initial_states, f
     return out
 
 
+def _forward_via_plan(x, weight, bias, seq_idx, initial_states, final_states, silu: bool):
+    """_forward_impl through causal_conv1d_fn's plans (the call is checked on a memo miss), for
+    the paths that do not plan themselves (compiled graphs, the peer-compatible autograd
+    function): they launch what eager calls launch, a plan's fixed kernel where plans fix one,
+    which is the kernel the tuner ranked. final_states: the buffer to write, or None."""
+    want_fs = final_states is not None
+    try:
+        key = _fwd_key(x, weight, bias, seq_idx, initial_states, final_states, want_fs)
+        plan = _FWD_PLANS.get(key)
+    except Exception:  # not tensors, or metadata that does not hash: _validate says what is wrong
+        key = plan = None
+    if plan is None:
+        _validate(x, weight, bias, seq_idx, initial_states, final_states, "silu" if silu else None)
+        plan = _remember(_FWD_PLANS, key, _make_fwd_plan(x, weight, bias, seq_idx, initial_states,
+                                                         final_states, want_fs))
+    return _forward_planned(plan, x, weight, bias, seq_idx, initial_states, final_states, silu)
+
+
 # A functional op (no mutated arguments): torch.compile handles it without
 # auto-functionalization; a caller's final_states_out is filled by a copy.
 @torch.library.custom_op("cc1d::causal_conv1d_fwd", mutates_args=())
@@ -252,8 +272,8 @@ def _fwd_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
             seq_idx: Optional[torch.Tensor], initial_states: Optional[torch.Tensor],
             return_final_states: bool, silu: bool) -> tuple[torch.Tensor, torch.Tensor]:
     fs = _final_states_buffer(x, weight, return_final_states)
-    out = _forward_impl(x, weight, bias, seq_idx, initial_states, fs if return_final_states else None,
-                        silu)
+    out = _forward_via_plan(x, weight, bias, seq_idx, initial_states, fs if return_final_states else None,
+                            silu)
     return out, fs
 
 

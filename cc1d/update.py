@@ -129,6 +129,8 @@ def _new_out(x: torch.Tensor) -> torch.Tensor:
 
 def _update_impl(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices, num_accepted_tokens,
                  pad_slot_id) -> torch.Tensor:
+    """A call through the runtime's plain entry, no plan: the generic kernel (the tests hold the
+    plans' fixed kernels to it)."""
     out = _new_out(x)
     args = _upd_call_args(x, conv_state, weight, bias, cache_seqlens, conv_state_indices, num_accepted_tokens,
                           out, pad_slot_id, silu)
@@ -144,8 +146,8 @@ def _update_impl(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_in
 def _update_op(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                silu: bool, cache_seqlens: Optional[torch.Tensor], conv_state_indices: Optional[torch.Tensor],
                num_accepted_tokens: Optional[torch.Tensor], pad_slot_id: int) -> torch.Tensor:
-    return _update_impl(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices,
-                        num_accepted_tokens, pad_slot_id)
+    return _update_via_plan(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices,
+                            num_accepted_tokens, pad_slot_id)
 
 
 @_update_op.register_fake
@@ -230,6 +232,15 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
         _validate(x, conv_state, weight, bias, cache_seqlens, conv_state_indices, num_accepted_tokens, pad_slot_id)
         return _update_op(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices,
                           num_accepted_tokens, pad_slot_id)
+    return _update_via_plan(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices,
+                            num_accepted_tokens, pad_slot_id)
+
+
+def _update_via_plan(x, conv_state, weight, bias, silu: bool, cache_seqlens, conv_state_indices,
+                     num_accepted_tokens, pad_slot_id) -> torch.Tensor:
+    """A call through its plan, memoised by signature and checked on a memo miss: eager calls
+    and compiled graphs (_update_op) alike launch the plan's fixed kernel, the one the tuner
+    ranked."""
     try:
         key = _upd_key(x, conv_state, weight, bias, cache_seqlens, conv_state_indices, num_accepted_tokens,
                        pad_slot_id)

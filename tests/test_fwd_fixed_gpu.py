@@ -61,7 +61,7 @@ def test_a_plans_fixed_kernel_equals_the_generic_kernel_bit_for_bit(i):
     fs_shape = (case.batch, case.dim, case.width - 1)
     fs_generic = poisoned(fs_shape, inp["x"].dtype) if case.final else None
     generic = ops._forward_impl(inp["x"], inp["weight"], inp["bias"], inp["seq_idx"], inp["initial_states"],
-                                fs_generic, case.silu)  # the runtime's plain entry (also torch.compile's)
+                                fs_generic, case.silu)  # the runtime's plain entry (no plan)
     ops._FWD_PLANS.clear()
     torch.cuda.synchronize()
     before = cc1d.dispatch_stats()
@@ -105,6 +105,29 @@ def test_a_capture_before_the_fixed_kernel_is_loaded_records_the_generic_one():
     torch.cuda.synchronize()
     assert cc1d.dispatch_stats()["loads"] == before["loads"] + 1  # now the fixed kernel
     assert torch.equal(again, first)
+
+
+def test_a_compiled_graph_launches_the_plans_fixed_kernel():
+    """torch.compile's op runs through causal_conv1d_fn's plans: a channel-last graph loads the
+    fixed kernel at its second run, as eager calls do, and every run equals the generic
+    kernel bit for bit (and the reference)."""
+    case = Case(layout="cl", x_dtype="bf16", w_dtype="f32", batch=3, dim=1224, seqlen=333)
+    inp = make_inputs(case, seed=79)
+    ops._FWD_PLANS.clear()
+    generic = ops._forward_impl(inp["x"], inp["weight"], inp["bias"], None, None, None, True)
+    compiled = torch.compile(lambda x, w, b: cc1d.causal_conv1d_fn(x, w, b, activation="silu") * 1,
+                             fullgraph=True)
+    torch.cuda.synchronize()
+    before = cc1d.dispatch_stats()
+    outs, loads = [], []
+    for _ in range(3):
+        outs.append(compiled(inp["x"], inp["weight"], inp["bias"]))
+        torch.cuda.synchronize()
+        loads.append(cc1d.dispatch_stats()["loads"] - before["loads"])
+    assert loads == [0, 1, 1], "the graph's op did not go through a plan"
+    for out in outs:
+        assert torch.equal(_bits(out), _bits(generic))
+    assert_close("compiled", outs[-1], reference(case, inp)[0], case.x_dtype)
 
 
 def test_warmup_loads_the_fixed_kernel_so_planned_calls_load_nothing():

@@ -207,6 +207,48 @@ def test_a_planned_forward_sends_what_the_per_call_path_sends(rec, shape, layout
     assert rec.plans == 2  # one per activation, made once
 
 
+COMPILED_MATRIX = [pytest.param(lay, f, id=f"{lay}-{j}") for lay in ("cf", "cl", "no-unit-stride")
+                   for j, f in enumerate(FEATURES) if not f.get("final_out")]
+
+
+@pytest.mark.parametrize("layout, features", COMPILED_MATRIX)
+def test_the_compiled_graphs_op_launches_through_a_plan(rec, layout, features):
+    """torch.compile's op (cc1d::causal_conv1d_fwd, run here as the graph runs it) goes through
+    causal_conv1d_fn's plans, so a compiled graph launches the kernel eager calls launch (the
+    plan's fixed one where plans fix): one plan for the signature, what the per-call path sends."""
+    kw = make_call((B, D, L), layout, DTYPES[0], **features)
+    want, want_out, want_fs = _per_call_fwd(rec, kw)
+    args = (kw["x"], kw["weight"], kw.get("bias"), kw.get("seq_idx"), kw.get("initial_states"),
+            bool(kw.get("return_final_states")), kw.get("activation") is not None)
+    for attempt in ("first run: plans", "second run: the memo's plan"):
+        out, fs = ops._fwd_op(*args)
+        _check_fwd_call(rec.calls.pop(), want, kw, out, want_out)
+        if want_fs is not None:
+            assert _layout_of(fs) == _layout_of(want_fs), attempt
+        assert len(ops._FWD_PLANS) == 1, attempt
+    assert rec.plans == 2  # one per activation, made once
+
+
+def test_the_compiled_graphs_op_still_checks_a_new_signature(rec):
+    """The op checks a signature it has no plan for, as causal_conv1d_fn does."""
+    kw = make_call()
+    with pytest.raises(ValueError, match="weight"):
+        ops._fwd_op(kw["x"], kw["weight"][:, :1], None, None, None, False, False)
+    assert not rec.calls and not ops._FWD_PLANS
+
+
+def test_the_peer_compatible_autograd_function_launches_through_a_plan(rec):
+    """compat's CausalConv1dFn (the peer's argument list) has no plan of its own: its forward
+    goes through causal_conv1d_fn's plans too."""
+    from cc1d import compat
+    kw = make_call(layout="cl", bias=True, silu=True)
+    want, want_out, _ = _per_call_fwd(rec, kw)
+    for attempt in range(2):
+        out = compat.autograd_fn().apply(kw["x"], kw["weight"], kw["bias"], None, None, False, None, "silu")
+        _check_fwd_call(rec.calls.pop(), want, kw, out, want_out)
+    assert len(ops._FWD_PLANS) == 1 and rec.plans == 2
+
+
 def _per_call_bwd_args(x, weight, bias, seq_idx, initial_states, dout, dfinal, dx, silu, want_dinitial=True,
                        want_dbias=True) -> tuple:
     """The runtime arguments and gradient buffers of the per-call backward (before plans):

@@ -133,6 +133,23 @@ def _passes_python_checks(kw: dict) -> bool:
     return True
 
 
+@pytest.mark.parametrize("row", _rows(accepted=True))
+def test_the_compiled_graphs_op_launches_through_a_plan(rec, row):
+    """torch.compile's op (cc1d::causal_conv1d_update, run here as the graph runs it) goes
+    through the eager plans, so a compiled graph launches the plan's fixed kernel, the one the
+    tuner ranked: one plan for the signature, what the per-call path sends."""
+    kw = row.mutate(bad.upd_inputs("cpu"), "cpu")
+    want, want_out = _per_call(rec, kw)
+    args = (kw["x"], kw["conv_state"], kw["weight"], kw.get("bias"), update._activation(kw.get("activation")),
+            kw.get("cache_seqlens"), kw.get("conv_state_indices"), kw.get("num_accepted_tokens"),
+            kw.get("pad_slot_id", -1))
+    for attempt in ("first run: plans", "second run: the memo's plan"):
+        out = update._update_op(*args)
+        _check_call(rec.calls.pop(), want, out, want_out)
+        assert len(update._UPD_PLANS) == 1, attempt
+    assert rec.plans == 2  # one per activation, made once
+
+
 @pytest.mark.parametrize("row", _rows(accepted=False))
 def test_a_bad_update_fails_alike_after_valid_calls(rec, row):
     before = _expect(row, row.mutate(bad.upd_inputs("cpu"), "cpu"))

@@ -318,6 +318,32 @@ def test_torch_compile_keeps_the_mutation():
     assert torch.equal(out, want) and torch.equal(state, s_eager)
 
 
+def test_a_compiled_update_launches_the_plans_fixed_kernel():
+    """torch.compile's op runs through the eager plans: the graph's first run loads the plan's
+    fixed kernel (the one the tuner ranked), later runs load nothing, and out and the state
+    equal the generic kernel's bit for bit."""
+    from cc1d import update
+    x, state, w, b = make(5, 2072, 1, 3, 4, "bf16", "f32", layout="cl", pool=9, seed=77)
+    idx = torch.tensor([4, 0, -1, 7, 2], dtype=torch.int32, device=DEV)
+    s_generic = state.clone()
+    update._UPD_PLANS.clear()
+    generic = update._update_impl(x, s_generic, w, b, True, None, idx, None, -1)
+
+    def step(x, s):
+        return cc1d.causal_conv1d_update(x, s, w, b, activation="silu", conv_state_indices=idx) * 1
+
+    compiled = torch.compile(step, fullgraph=True)
+    torch.cuda.synchronize()
+    before = cc1d.dispatch_stats()
+    out = compiled(x, state)
+    torch.cuda.synchronize()
+    assert cc1d.dispatch_stats()["loads"] == before["loads"] + 1, "the graph's op did not go through a plan"
+    assert torch.equal(out, generic) and torch.equal(state, s_generic)
+    compiled(x, state.clone())
+    torch.cuda.synchronize()
+    assert cc1d.dispatch_stats()["loads"] == before["loads"] + 1
+
+
 @pytest.mark.parametrize("layout", ["cf", "cl"])
 def test_cuda_graph_of_100_updates_replays_like_eager_calls(layout):
     calls, batch, dim, pool = 100, 16, 512, 24
@@ -479,7 +505,7 @@ def _fixed_case(i):
 def test_a_plans_fixed_kernel_equals_the_generic_kernel_bit_for_bit(i, monkeypatch):
     """Eager calls run through plans, which launch their variant compiled with the call's
     sizes and strides as constants (one more module load); the runtime's plain entry
-    (update._update_impl, also torch.compile's) launches the generic kernel. With
+    (update._update_impl, no plan) launches the generic kernel. With
     NaN-poisoned outputs both agree bit for bit, and with the reference."""
     from cc1d import update
     layout, xd, wd, width, mode, seqlen, state_len, batch, dim = _fixed_case(i)
