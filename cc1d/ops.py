@@ -224,6 +224,22 @@ def _make_fwd_plan(x, weight, bias, seq_idx, initial_states, final_states_out,
     return _FwdPlan(launch, contiguous, _is_like(x, xm, out, x.device), x.device.index)
 
 
+def _fwd_plan(x, weight, bias, seq_idx, initial_states, final_states_out, want_fs: bool, activation):
+    """The call's plan from the memo, or (the call checked by _validate first) a new one
+    remembered; and silu. Every Python forward path takes its plan here."""
+    try:
+        key = _fwd_key(x, weight, bias, seq_idx, initial_states, final_states_out, want_fs)
+        plan = _FWD_PLANS.get(key)
+    except Exception:  # not tensors, or metadata that does not hash: _validate says what is wrong
+        key = plan = None
+    if plan is not None:
+        # The one check the key does not cover.
+        return plan, False if activation is None else C.check_activation(_FN, activation)
+    silu = _validate(x, weight, bias, seq_idx, initial_states, final_states_out, activation)
+    return _remember(_FWD_PLANS, key, _make_fwd_plan(x, weight, bias, seq_idx, initial_states, final_states_out,
+                                                     want_fs)), silu
+
+
 def _launch_planned(launch, device: Optional[int], ptrs: tuple) -> None:
     """Call a plan's launcher with the pointers and the current stream of x's device,
     making that device current for the call where it is not."""
@@ -252,16 +268,8 @@ def _forward_via_plan(x, weight, bias, seq_idx, initial_states, final_states, si
     the paths that do not plan themselves (compiled graphs, the peer-compatible autograd
     function): they launch what eager calls launch, a plan's fixed kernel where plans fix one,
     which is the kernel the tuner ranked. final_states: the buffer to write, or None."""
-    want_fs = final_states is not None
-    try:
-        key = _fwd_key(x, weight, bias, seq_idx, initial_states, final_states, want_fs)
-        plan = _FWD_PLANS.get(key)
-    except Exception:  # not tensors, or metadata that does not hash: _validate says what is wrong
-        key = plan = None
-    if plan is None:
-        _validate(x, weight, bias, seq_idx, initial_states, final_states, "silu" if silu else None)
-        plan = _remember(_FWD_PLANS, key, _make_fwd_plan(x, weight, bias, seq_idx, initial_states,
-                                                         final_states, want_fs))
+    plan, _ = _fwd_plan(x, weight, bias, seq_idx, initial_states, final_states, final_states is not None,
+                        "silu" if silu else None)
     return _forward_planned(plan, x, weight, bias, seq_idx, initial_states, final_states, silu)
 
 
@@ -312,18 +320,7 @@ def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
             fs = final_states_out
         return (out, fs) if return_final_states else out
     want_fs = True if return_final_states else False
-    try:
-        key = _fwd_key(x, weight, bias, seq_idx, initial_states, final_states_out, want_fs)
-        plan = _FWD_PLANS.get(key)
-    except Exception:  # not tensors, or metadata that does not hash: _validate says what is wrong
-        key = plan = None
-    if plan is not None:
-        # The one check the key does not cover.
-        silu = False if activation is None else C.check_activation(_FN, activation)
-    else:
-        silu = _validate(x, weight, bias, seq_idx, initial_states, final_states_out, activation)
-        plan = _remember(_FWD_PLANS, key, _make_fwd_plan(x, weight, bias, seq_idx, initial_states,
-                                                         final_states_out, want_fs))
+    plan, silu = _fwd_plan(x, weight, bias, seq_idx, initial_states, final_states_out, want_fs, activation)
     if _grad_enabled() and (x.requires_grad or weight.requires_grad
                             or (bias is not None and bias.requires_grad)
                             or (initial_states is not None and initial_states.requires_grad)):
