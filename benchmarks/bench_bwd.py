@@ -1,5 +1,5 @@
 """Backward benchmark: cc1d's backward (and forward + backward) on the backward
-shapes of ANCHORS.md, graph-timed, as a fraction of the copy ceiling measured in
+shapes of ANCHORS.md and the forward's long-context one, graph-timed, as a fraction of the copy ceiling measured in
 the same run (minimal bytes: read x and dout, write dx). The peer's backward
 (Dao-AILab causal_conv1d) is timed through its own low-level function when
 that is installed.
@@ -26,6 +26,9 @@ CASES = [
     ("cl", "bf16", "bf16", 4, 8, 5120, 2048),
     ("cl", "bf16", "bf16", 4, 2, 4096, 2048),
     ("cf", "f32", "f32", 4, 8, 5120, 2048),
+    # Long-context training: the forward's (1, 5376, 32768) anchor.
+    ("cf", "bf16", "bf16", 4, 1, 5376, 32768),
+    ("cl", "bf16", "bf16", 4, 1, 5376, 32768),
 ]
 
 
