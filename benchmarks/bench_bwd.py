@@ -1,6 +1,7 @@
 """Backward benchmark: cc1d's backward (and forward + backward) on the backward
-shapes of ANCHORS.md and the forward's long-context one, graph-timed, as a fraction of the copy ceiling measured in
-the same run (minimal bytes: read x and dout, write dx). The peer's backward
+shapes of ANCHORS.md and the forward's long-context one, graph-timed, as a
+fraction of the copy ceiling measured in the same run (minimal bytes: read x and
+dout, write dx). The peer's backward
 (Dao-AILab causal_conv1d) is timed through its own low-level function when
 that is installed.
 
