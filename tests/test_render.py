@@ -54,3 +54,24 @@ def test_sources_are_vendor_neutral():
     src = render(default_variant(Family("fwd", "cf", "bf16", "bf16", 4)))
     assert "#include" not in src  # no vendor headers: both runtime compilers predefine what we use
     assert re.search(r"#if defined\(__HIPCC_RTC__\)", src)
+
+
+@pytest.mark.parametrize("layout,x_dtype,w_dtype,approx", [
+    ("cf", "bf16", "bf16", True),    # every output bf16: tanh.approx's error is far below their rounding
+    ("cf", "bf16", "f32", False),    # fp32 dweight/dbias: it would be 8x their error
+    ("cf", "f16", "f16", False),
+    ("cf", "f32", "f32", False),
+    ("cl", "bf16", "bf16", False),   # no faster there
+])
+def test_backward_sigmoid_is_approximate_only_where_outputs_are_bf16(layout, x_dtype, w_dtype, approx):
+    src = render(default_variant(Family("bwd", layout, x_dtype, w_dtype, 4)))
+    body = src[src.index("CC1D_DEVICE float bwd_sigmoid"):]
+    body = body[:body.index("\n}\n")]
+    cuda = body[body.index("#else"):]  # the HIP branch keeps __expf everywhere
+    assert ("tanh.approx.f32" in cuda) is approx
+    assert ("ex2.approx.ftz.f32" in cuda) is not approx
+    assert "__expf" in body[:body.index("#else")]
+
+
+def test_forward_sources_have_no_backward_sigmoid():
+    assert "tanh.approx" not in render(default_variant(Family("fwd", "cf", "bf16", "bf16", 4)))
