@@ -246,6 +246,32 @@ struct PyLogHandler {
   }
 };
 
+// Binds name(<fwd's arguments but stream>) -> query(args): a question about calls like
+// these that launches nothing (the plans' fixed-kernel queries).
+template <class Result>
+void def_fwd_query(py::module_& m, const char* name, Result (*query)(const FwdArgs&), const char* doc) {
+  m.def(
+      name,
+      [query](const Ptrs& ptrs, const Sizes& sizes, const Strides& strides, int x_dtype, int w_dtype, bool silu) {
+        return query(make_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, 0));
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
+      py::arg("silu"), doc);
+}
+
+// def_fwd_query for the update: name(<upd's arguments but stream>) -> query(args).
+template <class Result>
+void def_upd_query(py::module_& m, const char* name, Result (*query)(const UpdArgs&), const char* doc) {
+  m.def(
+      name,
+      [query](const UpdPtrs& ptrs, const UpdSizes& sizes, const UpdStrides& strides, int64_t pad_slot_id,
+              int x_dtype, int w_dtype, bool silu) {
+        return query(make_upd_args(ptrs, sizes, strides, pad_slot_id, x_dtype, w_dtype, silu, 0));
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("pad_slot_id"), py::arg("x_dtype"),
+      py::arg("w_dtype"), py::arg("silu"), doc);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_cc1d, m) {
@@ -336,23 +362,13 @@ PYBIND11_MODULE(_cc1d, m) {
       "exactly this variant: its generic kernel, or with as_plan the kernel a plan for such calls launches "
       "(its fixed kernel where fwd_plan_fixes; CompileError's RuntimeError if that does not compile).");
 
-  m.def(
-      "fwd_plan_fixes",
-      [](const Ptrs& ptrs, const Sizes& sizes, const Strides& strides, int x_dtype, int w_dtype, bool silu) {
-        return cc1d::fwd_plan_fixes(make_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, 0));
-      },
-      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
-      py::arg("silu"),
+  def_fwd_query(
+      m, "fwd_plan_fixes", &cc1d::fwd_plan_fixes,
       "fwd_plan_fixes(<fwd's arguments but stream>) -> bool: whether forward plans for such calls launch "
       "fixed kernels (channel-last, channel-first of width 5-8; not with CC1D_FWD_GENERIC=1).");
 
-  m.def(
-      "fwd_fixed_options",
-      [](const Ptrs& ptrs, const Sizes& sizes, const Strides& strides, int x_dtype, int w_dtype, bool silu) {
-        return cc1d::fwd_fixed_options(make_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, 0));
-      },
-      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
-      py::arg("silu"),
+  def_fwd_query(
+      m, "fwd_fixed_options", &cc1d::fwd_fixed_options,
       "fwd_fixed_options(<fwd's arguments but stream>) -> list of str: the compiler options of a forward plan's "
       "fixed kernel for such calls (dim, the strides batch and seqlen do not set and the optional inputs as "
       "constants).");
@@ -688,25 +704,13 @@ PYBIND11_MODULE(_cc1d, m) {
       "launch_upd(variant, <upd's arguments>, as_plan=False): exactly this variant: its generic kernel, or with "
       "as_plan the one an update plan launches (its fixed kernel where upd_plan_fixes).");
 
-  m.def(
-      "upd_plan_fixes",
-      [](const UpdPtrs& ptrs, const UpdSizes& sizes, const UpdStrides& strides, int64_t pad_slot_id, int x_dtype,
-         int w_dtype, bool silu) {
-        return cc1d::upd_plan_fixes(make_upd_args(ptrs, sizes, strides, pad_slot_id, x_dtype, w_dtype, silu, 0));
-      },
-      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("pad_slot_id"), py::arg("x_dtype"),
-      py::arg("w_dtype"), py::arg("silu"),
+  def_upd_query(
+      m, "upd_plan_fixes", &cc1d::upd_plan_fixes,
       "upd_plan_fixes(<upd's arguments but stream>) -> bool: whether update plans launch fixed kernels "
       "(unless CC1D_UPD_GENERIC=1).");
 
-  m.def(
-      "upd_fixed_options",
-      [](const UpdPtrs& ptrs, const UpdSizes& sizes, const UpdStrides& strides, int64_t pad_slot_id, int x_dtype,
-         int w_dtype, bool silu) {
-        return cc1d::upd_fixed_options(make_upd_args(ptrs, sizes, strides, pad_slot_id, x_dtype, w_dtype, silu, 0));
-      },
-      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("pad_slot_id"), py::arg("x_dtype"),
-      py::arg("w_dtype"), py::arg("silu"),
+  def_upd_query(
+      m, "upd_fixed_options", &cc1d::upd_fixed_options,
       "upd_fixed_options(<upd's arguments but stream>) -> list of str: the compiler options of an update plan's "
       "fixed kernel for such calls (their sizes, strides and optional inputs as constants).");
 
