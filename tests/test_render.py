@@ -1,6 +1,7 @@
 """Rendering: every valid variant of every family renders to a complete source."""
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -65,12 +66,31 @@ def test_sources_are_vendor_neutral():
 ])
 def test_backward_sigmoid_is_approximate_only_where_outputs_are_bf16(layout, x_dtype, w_dtype, approx):
     src = render(default_variant(Family("bwd", layout, x_dtype, w_dtype, 4)))
-    body = src[src.index("CC1D_DEVICE float bwd_sigmoid"):]
+    name = "CC1D_DEVICE float bwd_silu_g" if approx else "CC1D_DEVICE float bwd_sigmoid"
+    assert ("CC1D_DEVICE float bwd_sigmoid" in src) is not approx  # one of the two, never both
+    body = src[src.index(name):]
     body = body[:body.index("\n}\n")]
     cuda = body[body.index("#else"):]  # the HIP branch keeps __expf everywhere
     assert ("tanh.approx.f32" in cuda) is approx
     assert ("ex2.approx.ftz.f32" in cuda) is not approx
     assert "__expf" in body[:body.index("#else")]
+    # The approximate path works in halves: weights and bias halved on load with SiLU,
+    # and the block's dweight/dbias sums halved back before they are stored.
+    assert ("constexpr float SILU_SCALE = 0.5f;" in src) is approx
+    assert src.count("SILU_SCALE;") == (3 if approx else 0)
+
+
+def test_halved_silu_gradient_algebra():
+    """bwd_silu_g's identity: with h = z/2 and t = tanh(h), 2 * s (1 + z (1 - s)) equals
+    (1 + t) (1 + h (1 - t)), s the sigmoid of z (float64, z over the range that matters)."""
+    for i in range(-3000, 3001):
+        z = i / 100.0
+        s = 1.0 / (1.0 + math.exp(-z))
+        want = 2.0 * s * (1.0 + z * (1.0 - s))
+        h = z / 2.0
+        t = math.tanh(h)
+        got = (1.0 + t) * (1.0 + h * (1.0 - t))
+        assert abs(got - want) < 1e-12, (z, got, want)
 
 
 def test_forward_sources_have_no_backward_sigmoid():
