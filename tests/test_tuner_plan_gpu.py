@@ -31,7 +31,9 @@ CASES = [  # (shape, plans fix it)
 @pytest.mark.parametrize("shape,fixes", CASES, ids=lambda c: c.describe() if isinstance(c, Shape) else str(c))
 def test_the_tuner_validates_and_times_the_kernel_plans_run(rt, shape, fixes):
     target = rt.device_target("cuda", torch.cuda.current_device())
-    ev = GpuEvaluator(rt, shape, target, MeasureConfig(warmup=2, stages=(5,), flush_stages=(3,)))
+    # Nine flush-timed samples, not three: their median is a difference of replays, and under
+    # -n 8 on one GPU three of them once came out at -2.8 us (measure.positive_timing).
+    ev = GpuEvaluator(rt, shape, target, MeasureConfig(warmup=2, stages=(5,), flush_stages=(9,)))
     assert (ev.plan_options is not None) == fixes
     if fixes:
         assert ev.plan_options[0] in ("-DCC1D_FWD_FIXED=1", "-DCC1D_UPD_FIXED=1")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from ..generator import Variant
-from .measure import CudaTimer, MeasureConfig, Timing
+from .measure import CudaTimer, MeasureConfig, Timing, TimingError
 from .problems import problem_for
 from .shapes import Shape
 from .validate import validate
@@ -95,9 +95,15 @@ class GpuEvaluator:
             raise CandidateError("wrong_result", reason)
 
     def time(self, variant: Variant, best_us: float | None) -> Timing:
-        return self.timer.time(self._launcher(variant), best_us)
+        try:
+            return self.timer.time(self._launcher(variant), best_us)
+        except TimingError as exc:  # recorded as the candidate's failure, never as a time
+            raise CandidateError("error", f"timing: {exc}") from None
 
     def time_warm(self, variant: Variant) -> Timing | None:
         if self.timer.flush is None:
             return None
-        return self.timer.time(self._launcher(variant), None, flush=False)
+        try:
+            return self.timer.time(self._launcher(variant), None, flush=False)
+        except TimingError as exc:
+            raise CandidateError("error", f"timing (warm): {exc}") from None
