@@ -78,18 +78,21 @@ def test_backward_sigmoid_is_approximate_only_where_outputs_are_bf16(layout, x_d
     # and the block's dweight/dbias sums halved back before they are stored.
     assert ("constexpr float SILU_SCALE = 0.5f;" in src) is approx
     assert src.count("SILU_SCALE;") == (3 if approx else 0)
+    assert src.count("bwd_halve_for_silu(w, bias);") == (3 if approx else 0)  # fast, edge, initial states
 
 
 def test_halved_silu_gradient_algebra():
     """bwd_silu_g's identity: with h = z/2 and t = tanh(h), 2 * s (1 + z (1 - s)) equals
-    (1 + t) (1 + h (1 - t)), s the sigmoid of z (float64, z over the range that matters)."""
+    (1 + t) (1 + h (1 - t)) = 1 + t + h (1 - t^2), s the sigmoid of z (float64, z over the
+    range that matters)."""
     for i in range(-3000, 3001):
         z = i / 100.0
         s = 1.0 / (1.0 + math.exp(-z))
         want = 2.0 * s * (1.0 + z * (1.0 - s))
         h = z / 2.0
         t = math.tanh(h)
-        got = (1.0 + t) * (1.0 + h * (1.0 - t))
+        got = 1.0 + t + h * (1.0 - t * t)  # the form the kernel evaluates
+        assert abs((1.0 + t) * (1.0 + h * (1.0 - t)) - got) < 1e-12
         assert abs(got - want) < 1e-12, (z, got, want)
 
 
