@@ -34,7 +34,7 @@ def approx_sigmoid(family) -> bool:
     output is bf16 (x and weights bf16), so the approximation's error (at most 2.5e-4 of
     the sigmoid) stays far below the outputs' rounding (2^-9), and only in the
     channel-first kernel, which is bound by instruction issue: on the H100 the sigmoid
-    made it 2-4 % faster (session 34), the halves another 1-3 % (session 35). fp16 and
+    made it 2-4 % faster (session 34), the halves another 1-5 % (session 35). fp16 and
     fp32 outputs, fp32 dweight and the channel-last kernel keep ex2 + rcp: the
     channel-last winners ran up to 5 % slower with either change."""
     return family.op == "bwd" and family.layout == "cf" and family.x_dtype == family.w_dtype == "bf16"
