@@ -94,16 +94,16 @@ class GpuEvaluator:
         if reason:
             raise CandidateError("wrong_result", reason)
 
-    def time(self, variant: Variant, best_us: float | None) -> Timing:
+    def _time(self, variant: Variant, best_us: float | None, flush: bool) -> Timing:
         try:
-            return self.timer.time(self._launcher(variant), best_us)
+            return self.timer.time(self._launcher(variant), best_us, flush=flush)
         except TimingError as exc:  # recorded as the candidate's failure, never as a time
-            raise CandidateError("error", f"timing: {exc}") from None
+            raise CandidateError("error", f"timing{'' if flush else ' (warm)'}: {exc}") from None
+
+    def time(self, variant: Variant, best_us: float | None) -> Timing:
+        return self._time(variant, best_us, flush=True)
 
     def time_warm(self, variant: Variant) -> Timing | None:
         if self.timer.flush is None:
             return None
-        try:
-            return self.timer.time(self._launcher(variant), None, flush=False)
-        except TimingError as exc:
-            raise CandidateError("error", f"timing (warm): {exc}") from None
+        return self._time(variant, None, flush=False)
