@@ -37,6 +37,29 @@ def test_schema_and_meta(tmp_path):
         assert db.meta()["schema_version"] == str(SCHEMA_VERSION)
 
 
+def test_adopt_timing_method_starts_a_method_apart_from_older_trials(tmp_path, caplog):
+    """A DB records the timing method of its trials: a fresh one (or one without trials)
+    counts all its trials as the method's; switching, or a DB from before methods were
+    recorded that holds trials, starts the method now and says so."""
+    trial = dict(run_id="r", arch="sm_90", family_key=FAM.key(), shape_key="b1.d64.l128", variant_key="k",
+                 config={}, status="ok", time_us=1.0)
+    with TuningDB(tmp_path / "t.db") as db:
+        assert db.adopt_timing_method(1) == "" and db.adopt_timing_method(1) == ""
+        db.add_trial(**trial)
+        assert db.adopt_timing_method(1) == ""  # the same method: its trials stay its own
+        assert db.meta()["timing_method"] == "1"
+        since = db.adopt_timing_method(2)
+        assert since >= db.trials("sm_90", FAM.key(), "b1.d64.l128")[0]["created_at"]
+        assert db.meta()["timing_method"] == "2" and db.adopt_timing_method(2) == since
+        assert "timed by timing method 1" in caplog.text
+    with TuningDB(tmp_path / "old.db") as db:  # trials stored by a cc1d that recorded no method
+        db.add_trial(**trial)
+        db.conn.execute("DELETE FROM meta WHERE key LIKE 'timing_method%'")
+        db.conn.commit()
+        assert db.adopt_timing_method(1) != ""
+        assert "a cc1d that recorded no timing method" in caplog.text
+
+
 def test_refuses_newer_schema(tmp_path):
     TuningDB(tmp_path / "t.db").close()
     con = sqlite3.connect(tmp_path / "t.db")

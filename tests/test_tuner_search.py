@@ -319,6 +319,46 @@ def test_resume_retunes_a_winner_the_templates_no_longer_render(db):
     assert tune_shape(CF, ARCH, ev3, db, SearchConfig(trials=5, resume=True)).resumed and ev3.timed == []
 
 
+def test_resume_replays_no_trials_of_another_timing_method(db):
+    """A DB from a cc1d that timed another way (here: one that recorded no timing
+    method): --resume re-tunes its winners, replaying none of its trials, and the
+    winners it stores then name this cc1d's method, so the next --resume keeps them."""
+    from cc1d.tuner.measure import TIMING_METHOD
+    from cc1d.tuner.search import is_current
+    ev = FakeEvaluator()
+    tune_shape(CF, ARCH, ev, db, SearchConfig(trials=5))
+    (row,) = db.winners()
+    assert json.loads(row["environment"])["timing_method"] == TIMING_METHOD and is_current(CF, row)
+    db.conn.execute("DELETE FROM meta WHERE key LIKE 'timing_method%'")
+    db.conn.execute("UPDATE winners SET environment = '{}'")
+    db.conn.commit()
+    assert not is_current(CF, db.winners()[0])
+    ev2 = FakeEvaluator()
+    res = tune_shape(CF, ARCH, ev2, db, SearchConfig(trials=5, resume=True))
+    assert not res.resumed and sorted(ev2.compiled) == sorted(ev.compiled)  # every trial measured again
+    assert db.meta()["timing_method"] == str(TIMING_METHOD)
+    ev3 = FakeEvaluator()
+    assert tune_shape(CF, ARCH, ev3, db, SearchConfig(trials=5, resume=True)).resumed and ev3.timed == []
+
+
+def test_resume_of_a_partial_run_of_this_method_replays_its_trials(db):
+    """Trials of this method, stored after the DB adopted it, are replayed: the cut-off
+    only keeps older methods' trials out."""
+    from cc1d.tuner.measure import TIMING_METHOD
+    db.add_trial(run_id="old", arch=ARCH, family_key=CF.family().key(), shape_key=CF.key(),
+                 variant_key=default_variant(CF.family()).key(), config=default_variant(CF.family()).params,
+                 status="ok", time_us=0.001)  # an older method's (absurd) time
+    time.sleep(1.1)  # created_at has one-second resolution
+    assert db.adopt_timing_method(TIMING_METHOD) != ""
+    time.sleep(1.1)
+    ev = FakeEvaluator()
+    tune_shape(CF, ARCH, ev, db, SearchConfig(trials=4, finalize=False))  # a killed run: trials only
+    ev2 = FakeEvaluator()
+    res = tune_shape(CF, ARCH, ev2, db, SearchConfig(trials=4, resume=True))
+    assert ev2.compiled == [] and res.winner is not None
+    assert db.winners()[0]["time_us"] > 0.01  # the old method's time did not win
+
+
 RUN = r"""
 import sys
 from cc1d.tuner.db import TuningDB

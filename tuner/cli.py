@@ -248,6 +248,9 @@ def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], Devi
 
     if args.compile_workers is None:
         args.compile_workers = default_compile_workers(args.workers)
+    from .measure import TIMING_METHOD
+    with TuningDB(db_path) as db:  # before this run's first trial: older trials of another method stay apart
+        db.adopt_timing_method(TIMING_METHOD)
     if args.workers > 1 and not args.worker:
         args.storage = _spawn_workers(args, argv, args.workers, db_path)
         args.resume = True  # the parent picks up what the workers measured and finalizes

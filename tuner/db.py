@@ -192,6 +192,26 @@ class TuningDB:
             raise DBError(f"tuning DB {self.path} has schema version {version}, newer than this "
                           f"cc1d's {SCHEMA_VERSION}: upgrade cc1d")
 
+    def adopt_timing_method(self, method: int) -> str:
+        """Record that trials from now on are timed by `method` and return the time from
+        which this DB's trials are that method's ("" for all of them). Switching methods
+        (or a DB from before methods were recorded that holds trials) starts it now, so
+        --resume replays none of the older trials."""
+        with self.transaction():
+            meta = self.meta()
+            if meta.get("timing_method") == str(method):
+                return meta.get("timing_method_since", "")
+            had_trials = self.conn.execute("SELECT 1 FROM trials LIMIT 1").fetchone() is not None
+            since = now() if had_trials else ""
+            self.conn.execute("INSERT OR REPLACE INTO meta VALUES ('timing_method', ?)", (str(method),))
+            self.conn.execute("INSERT OR REPLACE INTO meta VALUES ('timing_method_since', ?)", (since,))
+        if had_trials:
+            log.warning("tuning DB %s: its trials were timed by %s; --resume replays only those "
+                        "timed from now on (timing method %d)", self.path,
+                        f"timing method {meta['timing_method']}" if "timing_method" in meta
+                        else "a cc1d that recorded no timing method", method)
+        return since
+
     def meta(self) -> dict[str, str]:
         return {r["key"]: r["value"] for r in self.conn.execute("SELECT key, value FROM meta")}
 

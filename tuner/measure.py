@@ -17,6 +17,15 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 
+# What a stored time means, recorded in the DB (TuningDB.adopt_timing_method, and each
+# winner's environment) so that --resume never mixes times of two methods. Bump it when
+# the measuring changes what a time stands for (another kernel timed, another cache
+# state). 1: the method since session 31: forward and update timed as their plans
+# launch them (fixed kernels), the update after an L2 flush, inputs rotated past L2,
+# only positive times. DBs from before it was recorded carry none: another method.
+TIMING_METHOD = 1
+
+
 @dataclass(frozen=True)
 class Timing:
     median_us: float

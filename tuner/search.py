@@ -29,7 +29,7 @@ from optuna.trial import TrialState
 from ..generator import EPOCH, Family, Variant, arch_info, default_variant, space_for, variants
 from .db import TuningDB
 from .evaluate import CandidateError, Evaluator
-from .measure import Timing
+from .measure import TIMING_METHOD, Timing
 from .shapes import Shape
 
 log = logging.getLogger("cc1d")
@@ -359,7 +359,8 @@ class ShapeSearch:
             res.copy_fraction = self.ev.bytes_moved / (res.time_us * 1e-6) / self.copy_bw
         self.db.put_winner(winner.source, **winner_row(
             self.shape, self.arch, winner, time_us=res.time_us, default_us=res.default_us,
-            copy_fraction=res.copy_fraction, spread=res.spread, speedup=res.speedup, environment=self.environment))
+            copy_fraction=res.copy_fraction, spread=res.spread, speedup=res.speedup,
+            environment={**self.environment, "timing_method": TIMING_METHOD}))
         return res
 
 
@@ -394,14 +395,24 @@ def result_from_db(shape: Shape, arch: str, row: dict) -> ShapeResult:
 
 
 def is_current(shape: Shape, row: dict) -> bool:
-    """A stored winner still names this cc1d's kernel: same epoch, and its config
-    renders (with the current templates) to the source it was timed with."""
-    if row["epoch"] != EPOCH:
+    """A stored winner still names this cc1d's kernel, timed as this cc1d times: same
+    epoch and timing method, and its config renders (with the current templates) to
+    the source it was timed with."""
+    if row["epoch"] != EPOCH or timing_method_of(row) != TIMING_METHOD:
         return False
     try:
         return Variant.of(shape.family(), **json.loads(row["config"])).hash() == row["source_hash"]
     except (TypeError, ValueError, KeyError):
         return False  # the config is no longer in the space
+
+
+def timing_method_of(row: dict) -> int | None:
+    """The timing method a winner row records in its environment (None: none recorded)."""
+    try:
+        env = json.loads(row["environment"]) if isinstance(row["environment"], str) else row["environment"]
+        return env.get("timing_method") if isinstance(env, dict) else None
+    except (TypeError, ValueError, KeyError):
+        return None
 
 
 def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB]) -> list[dict]:
@@ -430,13 +441,19 @@ def tune_shape(shape: Shape, arch: str, evaluator: Evaluator, db: TuningDB, cfg:
                **kwargs: Any) -> ShapeResult:
     """Search one shape and store its winner (or, with cfg.resume, return the stored one)."""
     if cfg.resume and cfg.finalize:
+        # Trials of another timing method are not replayed (TuningDB.adopt_timing_method).
+        since = db.adopt_timing_method(TIMING_METHOD) or None
         row = db.winner(arch, shape.family().key(), shape.key())
         if row is not None:
             if is_current(shape, row):
                 return result_from_db(shape, arch, row)
-            # Tuned with other templates: its trials timed other sources; only
-            # those stored since (a killed re-tune of this shape) are replayed.
-            kwargs.setdefault("trials_since", row["created_at"])
+            # Tuned with other templates or timed another way: its trials timed other
+            # sources; only those stored since (a killed re-tune of this shape) are replayed.
+            since = max(since or "", row["created_at"])
+        if since:
+            kwargs["trials_since"] = max(since, kwargs.get("trials_since") or "")
+    elif cfg.finalize:
+        db.adopt_timing_method(TIMING_METHOD)
     search = ShapeSearch(shape, arch, evaluator, db, cfg, **kwargs)
     search.run_trials()
     if not cfg.finalize:
