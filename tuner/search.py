@@ -409,10 +409,10 @@ def is_current(shape: Shape, row: dict) -> bool:
 def timing_method_of(row: dict) -> int | None:
     """The timing method a winner row records in its environment (None: none recorded)."""
     try:
-        env = json.loads(row["environment"]) if isinstance(row["environment"], str) else row["environment"]
-        return env.get("timing_method") if isinstance(env, dict) else None
-    except (TypeError, ValueError, KeyError):
+        env = json.loads(row["environment"])
+    except (TypeError, ValueError):
         return None
+    return env.get("timing_method") if isinstance(env, dict) else None
 
 
 def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB]) -> list[dict]:
@@ -440,20 +440,18 @@ def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB]) -> list[dict
 def tune_shape(shape: Shape, arch: str, evaluator: Evaluator, db: TuningDB, cfg: SearchConfig = SearchConfig(),
                **kwargs: Any) -> ShapeResult:
     """Search one shape and store its winner (or, with cfg.resume, return the stored one)."""
+    # Trials of another timing method are not replayed: "" when every stored trial is this one's.
+    since = db.adopt_timing_method(TIMING_METHOD) if cfg.finalize else ""
     if cfg.resume and cfg.finalize:
-        # Trials of another timing method are not replayed (TuningDB.adopt_timing_method).
-        since = db.adopt_timing_method(TIMING_METHOD) or None
         row = db.winner(arch, shape.family().key(), shape.key())
         if row is not None:
             if is_current(shape, row):
                 return result_from_db(shape, arch, row)
             # Tuned with other templates or timed another way: its trials timed other
             # sources; only those stored since (a killed re-tune of this shape) are replayed.
-            since = max(since or "", row["created_at"])
+            since = max(since, row["created_at"])
         if since:
             kwargs["trials_since"] = max(since, kwargs.get("trials_since") or "")
-    elif cfg.finalize:
-        db.adopt_timing_method(TIMING_METHOD)
     search = ShapeSearch(shape, arch, evaluator, db, cfg, **kwargs)
     search.run_trials()
     if not cfg.finalize:
