@@ -366,6 +366,13 @@ from cc1d.tuner.search import SearchConfig, tune_shape
 from cc1d.tuner.shapes import parse_shapes
 from cc1d.tuner.testing import FakeEvaluator
 db_path, storage = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else None)
+if len(sys.argv) > 3:  # a start line: wait (at most a minute) until every worker is ready here,
+    import os, time    # so a slow interpreter start cannot leave one worker all the trials
+    barrier, workers = sys.argv[3], int(sys.argv[4])
+    open(os.path.join(barrier, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(barrier)) < workers and time.monotonic() < deadline:
+        time.sleep(0.01)
 kw = {}
 if storage:
     from optuna.storages import JournalStorage
@@ -414,8 +421,10 @@ def test_resume_after_sigkill_loses_nothing(tmp_path):
 
 
 def test_two_processes_share_one_study_through_a_journal(tmp_path):
-    path, journal = tmp_path / "t.db", tmp_path / "study.journal"
-    procs = [subprocess.Popen([sys.executable, "-P", "-c", RUN, str(path), str(journal)], stderr=subprocess.PIPE)
+    path, journal, barrier = tmp_path / "t.db", tmp_path / "study.journal", tmp_path / "ready"
+    barrier.mkdir()
+    procs = [subprocess.Popen([sys.executable, "-P", "-c", RUN, str(path), str(journal), str(barrier), "2"],
+                              stderr=subprocess.PIPE)
              for _ in range(2)]
     for p in procs:
         _, err = p.communicate(timeout=120)
