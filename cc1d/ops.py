@@ -47,40 +47,41 @@ def _empty_like_layout(x: torch.Tensor, shape, dtype=None) -> torch.Tensor:
 
 
 def _validate(x, weight, bias, seq_idx, initial_states, final_states_out, activation,
-              require_device: bool = True):
-    C.check_tensor(_FN, "x", x, 3)
-    C.check_tensor(_FN, "weight", weight, 2)
+              require_device: bool = True, fn: str = _FN):
+    """Check a forward call's arguments (errors name `fn`, the entry point called); silu."""
+    C.check_tensor(fn, "x", x, 3)
+    C.check_tensor(fn, "weight", weight, 2)
     if require_device and not x.is_cuda:
-        C.fail(_FN, "x", "a CUDA/ROCm tensor", f"a tensor on {x.device}")
-    C.check_float_dtype(_FN, "x", x, tuple(C.DTYPE_CODES))
+        C.fail(fn, "x", "a CUDA/ROCm tensor", f"a tensor on {x.device}")
+    C.check_float_dtype(fn, "x", x, tuple(C.DTYPE_CODES))
     batch, dim, seqlen = x.shape
     if batch < 1 or dim < 1 or seqlen < 1:
-        C.fail(_FN, "x", "batch, dim and seqlen >= 1", f"shape {tuple(x.shape)}")
+        C.fail(fn, "x", "batch, dim and seqlen >= 1", f"shape {tuple(x.shape)}")
     width = weight.shape[1]
     if weight.shape[0] != dim or not 2 <= width <= C.MAX_WIDTH:
-        C.fail(_FN, "weight", f"shape (dim={dim}, width) with width in 2..{C.MAX_WIDTH}",
+        C.fail(fn, "weight", f"shape (dim={dim}, width) with width in 2..{C.MAX_WIDTH}",
                f"{tuple(weight.shape)}")
-    C.check_device(_FN, "weight", weight, x.device)
+    C.check_device(fn, "weight", weight, x.device)
     if weight.dtype is not x.dtype and weight.dtype is not torch.float32:
-        C.check_float_dtype(_FN, "weight", weight, (x.dtype, torch.float32))
+        C.check_float_dtype(fn, "weight", weight, (x.dtype, torch.float32))
     if bias is not None:
-        C.check_tensor(_FN, "bias", bias, 1)
-        C.check_shape(_FN, "bias", bias, (dim,), "dim")
-        C.check_device(_FN, "bias", bias, x.device)
-        C.check_float_dtype(_FN, "bias", bias, (weight.dtype,))
+        C.check_tensor(fn, "bias", bias, 1)
+        C.check_shape(fn, "bias", bias, (dim,), "dim")
+        C.check_device(fn, "bias", bias, x.device)
+        C.check_float_dtype(fn, "bias", bias, (weight.dtype,))
     if seq_idx is not None:
-        C.check_tensor(_FN, "seq_idx", seq_idx, 2)
-        C.check_shape(_FN, "seq_idx", seq_idx, (batch, seqlen), "batch, seqlen")
-        C.check_device(_FN, "seq_idx", seq_idx, x.device)
+        C.check_tensor(fn, "seq_idx", seq_idx, 2)
+        C.check_shape(fn, "seq_idx", seq_idx, (batch, seqlen), "batch, seqlen")
+        C.check_device(fn, "seq_idx", seq_idx, x.device)
         if seq_idx.dtype != torch.int32:
-            C.fail(_FN, "seq_idx", "dtype int32", str(seq_idx.dtype).replace("torch.", ""), TypeError)
+            C.fail(fn, "seq_idx", "dtype int32", str(seq_idx.dtype).replace("torch.", ""), TypeError)
     for name, t in (("initial_states", initial_states), ("final_states_out", final_states_out)):
         if t is not None:
-            C.check_tensor(_FN, name, t, 3)
-            C.check_shape(_FN, name, t, (batch, dim, width - 1), "batch, dim, width-1")
-            C.check_device(_FN, name, t, x.device)
-            C.check_float_dtype(_FN, name, t, (x.dtype,))
-    return C.check_activation(_FN, activation)
+            C.check_tensor(fn, name, t, 3)
+            C.check_shape(fn, name, t, (batch, dim, width - 1), "batch, dim, width-1")
+            C.check_device(fn, name, t, x.device)
+            C.check_float_dtype(fn, name, t, (x.dtype,))
+    return C.check_activation(fn, activation)
 
 
 def _inner_strides(t: torch.Tensor):

@@ -77,6 +77,18 @@ def test_aiter_forward_writes_out(layout):
         causal_conv1d_fwd(out[:, :, :5], x, w, b_arg, True)
 
 
+def test_aiter_forward_names_its_bad_arguments():
+    x, w, b = _inputs(4)
+    out = torch.empty_like(x)
+    with pytest.raises(TypeError, match="causal_conv1d_fwd: bias: expected a torch.Tensor, got int"):
+        causal_conv1d_fwd(out, x, w, 3, True)
+    with pytest.raises(ValueError, match=r"causal_conv1d_fwd: weight: expected shape \(dim=67, width\)"):
+        causal_conv1d_fwd(out, x, w[:5], b, True)
+    causal_conv1d_fwd(out, x, w, b, True)  # planned now: the checks still run for other signatures
+    with pytest.raises(ValueError, match="causal_conv1d_fwd: out: expected a tensor on cuda:0"):
+        causal_conv1d_fwd(out.cpu(), x, w, b, True)
+
+
 def test_update_and_varlen_shims():
     missing = [n for n in ("causal_conv1d_update", "causal_conv1d_varlen_states") if not hasattr(cc1d, n)]
     if missing:

@@ -130,6 +130,37 @@ def test_a_compiled_graph_launches_the_plans_fixed_kernel():
     assert_close("compiled", outs[-1], reference(case, inp)[0], case.x_dtype)
 
 
+@pytest.mark.parametrize("out_layout", ["like_x", "other"])
+def test_the_aiter_entry_launches_the_plans_fixed_kernel(out_layout):
+    """cc1d.aiter.causal_conv1d_fwd writes the caller's out through a plan: out laid out like
+    x by a plan for out's own strides, another layout through causal_conv1d_fn's plan and a
+    copy. Either loads the fixed kernel at its second call, and every call equals the
+    generic kernel bit for bit (and the reference)."""
+    from cc1d import aiter
+    from cc1d.aiter import causal_conv1d_fwd
+    dim = 1288 if out_layout == "like_x" else 1304  # a fixed kernel per test
+    case = Case(layout="cl", x_dtype="bf16", w_dtype="bf16", batch=2, dim=dim, seqlen=333)
+    inp = make_inputs(case, seed=80)
+    ops._FWD_PLANS.clear()
+    aiter._DIRECT_PLANS.clear()
+    generic = ops._forward_impl(inp["x"], inp["weight"], inp["bias"], None, None, None, True)
+    torch.cuda.synchronize()
+    before = cc1d.dispatch_stats()
+    loads = []
+    for _ in range(3):
+        if out_layout == "like_x":
+            out = torch.full_like(inp["x"], float("nan"))
+            assert out.stride() == inp["x"].stride()
+        else:
+            out = torch.full(inp["x"].shape, float("nan"), device="cuda", dtype=inp["x"].dtype)
+        assert causal_conv1d_fwd(out, inp["x"], inp["weight"], inp["bias"], True) is None
+        torch.cuda.synchronize()
+        loads.append(cc1d.dispatch_stats()["loads"] - before["loads"])
+        assert torch.equal(_bits(out), _bits(generic))
+    assert loads == [0, 1, 1], "the aiter entry did not go through a plan"
+    assert_close("aiter", out, reference(case, inp)[0], case.x_dtype)
+
+
 def test_warmup_loads_the_fixed_kernel_so_planned_calls_load_nothing():
     ops._FWD_PLANS.clear()
     batch, dim, seqlen = 2, 1352, 257
