@@ -11,7 +11,6 @@ import torch
 
 from . import _checks as C
 from . import ops
-from ._runtime import runtime
 
 _FN = "causal_conv1d_fwd"
 
@@ -28,21 +27,20 @@ def _direct_plan(x, weight, bias, out) -> tuple:
     laid out like x, built from the call's metadata (its pointers are the launch's)."""
     _, sizes, strides, x_dtype, w_dtype, _, _ = ops._fwd_call_args(x, weight, bias, None, None, None, out,
                                                                    False, 0)
-    rt = runtime()
-    return tuple(rt.FwdPlan(sizes, strides, x_dtype, w_dtype, silu).launcher() for silu in (False, True))
+    return ops._fwd_launchers(sizes, strides, x_dtype, w_dtype)
 
 
 def _writes_directly(out: torch.Tensor, x: torch.Tensor) -> bool:
     """Whether the kernel can write out itself: laid out like x, and one of x's inner strides is 1."""
-    _, xd, xl = ops._inner_strides(x)
-    return ops._inner_strides(out) == ops._inner_strides(x) and 1 in (xd, xl)
+    inner = ops._inner_strides(x)
+    return ops._inner_strides(out) == inner and 1 in inner[1:]
 
 
 def causal_conv1d_fwd(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias, use_silu: bool) -> None:
     silu = bool(use_silu)
+    if isinstance(bias, torch.Tensor) and bias.numel() == 0:
+        bias = None
     try:
-        if bias is not None and bias.numel() == 0:
-            bias = None
         key = (ops._fwd_key(x, weight, bias, None, None, None, False), ops._sig(out))
         launch = _DIRECT_PLANS.get(key)
     except Exception:  # not tensors, or metadata that does not hash: the checks say what is wrong
@@ -55,8 +53,6 @@ def causal_conv1d_fwd(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, 
         if out.dtype != x.dtype:
             C.fail(_FN, "out", f"x's dtype {str(x.dtype).replace('torch.', '')}",
                    str(out.dtype).replace("torch.", ""), TypeError)
-        if isinstance(bias, torch.Tensor) and bias.numel() == 0:
-            bias = None
         ops._validate(x, weight, bias, None, None, None, "silu" if silu else None, fn=_FN)
         if _writes_directly(out, x):
             launch = ops._remember(_DIRECT_PLANS, key, _direct_plan(x, weight, bias, out))

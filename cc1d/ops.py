@@ -48,7 +48,8 @@ def _empty_like_layout(x: torch.Tensor, shape, dtype=None) -> torch.Tensor:
 
 def _validate(x, weight, bias, seq_idx, initial_states, final_states_out, activation,
               require_device: bool = True, fn: str = _FN):
-    """Check a forward call's arguments (errors name `fn`, the entry point called); silu."""
+    """Check a forward call's arguments (errors name `fn`, the entry point called); returns
+    whether the activation is SiLU."""
     C.check_tensor(fn, "x", x, 3)
     C.check_tensor(fn, "weight", weight, 2)
     if require_device and not x.is_cuda:
@@ -219,10 +220,15 @@ def _make_fwd_plan(x, weight, bias, seq_idx, initial_states, final_states_out,
     out = _empty_like_layout(xm, xm.shape)
     _, sizes, strides, x_dtype, w_dtype, _, _ = _fwd_call_args(
         xm, wm, _meta(bias), _meta(seq_idx), _meta(initial_states), fs, out, False, 0)
-    rt = runtime()
-    # The plans' launchers: builtin functions, called without pybind11's per-call dispatch.
-    launch = tuple(rt.FwdPlan(sizes, strides, x_dtype, w_dtype, silu).launcher() for silu in (False, True))
+    launch = _fwd_launchers(sizes, strides, x_dtype, w_dtype)
     return _FwdPlan(launch, contiguous, _is_like(x, xm, out, x.device), x.device.index)
+
+
+def _fwd_launchers(sizes, strides, x_dtype: int, w_dtype: int) -> tuple:
+    """A forward plan's launchers for these sizes and strides (_fwd_call_args'), without and
+    with SiLU (``launch[silu]``): builtin functions, called without pybind11's per-call dispatch."""
+    rt = runtime()
+    return tuple(rt.FwdPlan(sizes, strides, x_dtype, w_dtype, silu).launcher() for silu in (False, True))
 
 
 def _fwd_plan(x, weight, bias, seq_idx, initial_states, final_states_out, want_fs: bool, activation):
