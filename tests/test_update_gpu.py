@@ -413,6 +413,56 @@ def test_back_to_back_updates_wait_for_the_kernel_before(layout):
     assert torch.equal(queued_state, stepped_state)
 
 
+def test_in_a_graph_the_update_launches_early_only_after_cc1d_kernels():
+    """Programmatic dependent launch measured slower after another library's kernel (a
+    GEMM) and faster after cc1d's own, which let the next grid launch at their start: under
+    capture, a launch is early only where the node it follows is a cc1d kernel. The graph
+    (GEMM, update, update, a torch kernel, update) replays like the same calls run eagerly."""
+    from cc1d import _cc1d
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm_90")
+    batch, dim = 16, 5120
+    x, state, w, b = make(batch, dim, 1, 3, 4, "bf16", "bf16", layout="cl", seed=5)
+    a = torch.randn(batch, 1024, device=DEV).to(torch.bfloat16)
+    proj = (torch.randn(1024, dim, device=DEV) / 32).to(torch.bfloat16)
+    kw = dict(activation="silu")
+    cc1d.causal_conv1d_update(x, state.clone(), w, b, **kw)  # loads the kernels
+    cc1d.causal_conv1d_update(x, state.clone(), w, b, **kw)
+    torch.mm(a, proj)  # cuBLAS sets up outside the capture
+    torch.cuda.synchronize()
+    s0 = state.clone()
+
+    def early():
+        return _cc1d.early_launch_helps("cuda", torch.cuda.current_stream().cuda_stream)
+
+    seen, outs = [], []
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        seen.append(early())  # the graph's first node: nothing to overlap
+        xp = torch.mm(a, proj)
+        seen.append(early())  # after the GEMM
+        outs.append(cc1d.causal_conv1d_update(xp, state, w, b, **kw))
+        seen.append(early())  # after cc1d's update
+        outs.append(cc1d.causal_conv1d_update(outs[-1], state, w, b, **kw))
+        xt = outs[-1] * 0.5
+        seen.append(early())  # after a torch kernel
+        outs.append(cc1d.causal_conv1d_update(xt, state, w, b, **kw))
+    assert seen == [False, False, True, False]
+    assert early(), "outside a capture the stream's last kernel is unknown: early, as before"
+    state.copy_(s0)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager_state = s0.clone()
+    xp = torch.mm(a, proj)
+    want = [cc1d.causal_conv1d_update(xp, eager_state, w, b, **kw)]
+    want.append(cc1d.causal_conv1d_update(want[-1], eager_state, w, b, **kw))
+    want.append(cc1d.causal_conv1d_update(want[-1] * 0.5, eager_state, w, b, **kw))
+    torch.cuda.synchronize()
+    for i, (got, exp) in enumerate(zip(outs, want)):
+        assert torch.equal(got, exp), i
+    assert torch.equal(state, eager_state)
+
+
 def test_warmup_update_loads_the_kernel_calls_use():
     x, state, w, b = make(64, 5120, 1, 3, 4, "bf16", "bf16", layout="cl")
     e = cc1d.warmup_update(64, 5120, dtype=torch.bfloat16, width=4)

@@ -71,9 +71,15 @@ class Backend {
   // Whether `stream` is being captured into a graph (loading a module then could break
   // the capture). Never throws; true when it cannot tell.
   virtual bool stream_capturing(void* stream) noexcept = 0;
+  // Whether an early launch onto `stream` may gain: CUDA, while the stream is captured
+  // into a graph, only where the node the launch follows is one of cc1d's kernels (they
+  // let the next grid launch at their start); true outside captures and where the driver
+  // cannot say. Never throws.
+  virtual bool early_launch_helps(void* /*stream*/) noexcept { return true; }
   // early: the kernel waits for the previous one itself (Functions::waits_for_previous),
   // so the launch may overlap that kernel's tail (CUDA programmatic dependent launch,
-  // unless CC1D_DISABLE_PDL=1 or the driver lacks it; HIP ignores it).
+  // unless CC1D_DISABLE_PDL=1, the driver lacks it or early_launch_helps says no; HIP
+  // ignores it).
   virtual void launch(void* function, Dim3 grid, Dim3 block, unsigned smem_bytes,
                       void* stream, void* params, std::size_t params_size, bool early) = 0;
 };

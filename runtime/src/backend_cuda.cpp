@@ -5,6 +5,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "backend.h"
 #include "dynlib.h"
@@ -21,6 +22,9 @@ using CUcontext = struct CUctx_st*;
 using CUmodule = struct CUmod_st*;
 using CUfunction = struct CUfunc_st*;
 using CUstream = struct CUstream_st*;
+using CUgraph = struct CUgraph_st*;
+using CUgraphNode = struct CUgraphNode_st*;
+struct CUgraphEdgeData { unsigned char from_port, to_port, type, reserved[5]; };
 using nvrtcProgram = struct _nvrtcProgram*;
 constexpr int CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X = 5;
 constexpr int CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y = 6;
@@ -31,6 +35,14 @@ constexpr int CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9;
 constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 constexpr int kDefaultSmemLimit = 48 * 1024;
 constexpr int CUDA_ERROR_NOT_FOUND = 500;
+constexpr int CU_STREAM_CAPTURE_STATUS_ACTIVE = 1;
+constexpr int CU_GRAPH_NODE_TYPE_KERNEL = 0;
+// cuGraphKernelNodeGetParams_v2's CUDA_KERNEL_NODE_PARAMS_v2 (72 bytes), read only for
+// its first field; room to spare should a driver write more.
+struct KernelNodeParams {
+  CUfunction func;
+  unsigned char rest[248];
+};
 
 // cuLaunchKernelEx's configuration (cuda.h, CUDA 12.0+), only what cc1d sets.
 using CUdeviceptr = unsigned long long;
@@ -74,6 +86,13 @@ struct Driver {
   // CUDA 12.0+ drivers; nullptr before, and kernels are then launched plainly.
   CUresult (*cuLaunchKernelEx)(const CUlaunchConfig*, CUfunction, void**, void**) = nullptr;
   CUresult (*cuStreamIsCapturing)(CUstream, int*) = nullptr;  // CUDA 10+; the status: 0 = none
+  // What a launch under capture follows (early_launch_helps): CUDA 12.3+ (v3), 11.3+ (v2).
+  CUresult (*cuStreamGetCaptureInfo_v3)(CUstream, int*, unsigned long long*, CUgraph*, const CUgraphNode**,
+                                        const CUgraphEdgeData**, size_t*) = nullptr;
+  CUresult (*cuStreamGetCaptureInfo_v2)(CUstream, int*, unsigned long long*, CUgraph*, const CUgraphNode**,
+                                        size_t*) = nullptr;
+  CUresult (*cuGraphNodeGetType)(CUgraphNode, int*) = nullptr;
+  CUresult (*cuGraphKernelNodeGetParams_v2)(CUgraphNode, KernelNodeParams*) = nullptr;
 };
 
 struct Nvrtc {
@@ -274,6 +293,7 @@ class CudaBackend final : public Backend {
         CUfunction reduce = nullptr;
         CC1D_CUDA_CHECK(d.cuModuleGetFunction(&reduce, f->second.module->m, "cc1d_reduce"), "kernel " + hash);
         fs.reduce = reduce;
+        if (fs.waits_for_previous) early_kernels_.insert(reduce);
       }
       return fs;
     }
@@ -289,9 +309,41 @@ class CudaBackend final : public Backend {
     if (with_reduce) CC1D_CUDA_CHECK(d.cuModuleGetFunction(&reduce, mod, "cc1d_reduce"), "kernel " + hash);
     l.functions = {kernel, reduce, exports(d, mod, "cc1d_waits_for_previous_grid"),
                    exports(d, mod, "cc1d_writes_one_split_sums"), exports(d, mod, "cc1d_cl_groups_first_grid")};
+    if (l.functions.waits_for_previous) {
+      early_kernels_.insert(kernel);
+      if (reduce) early_kernels_.insert(reduce);
+    }
     const Functions f = l.functions;
     per_ctx.emplace(hash, std::move(l));
     return f;
+  }
+
+  // In a graph, an early launch after another library's kernel (a GEMM, typically) measured
+  // slower than a plain one (H100, decode update after a GEMM: 0.3-0.4 us per call), while
+  // after cc1d's own kernels, which let the next grid launch at their start, it gains
+  // (docs/PERFORMANCE.md, session 41). Outside captures the stream's last kernel is not
+  // known: early, as before. CC1D_PDL_AFTER_ANY=1: early after any kernel (the old rule).
+  bool early_launch_helps(void* stream) noexcept override {
+    const Driver* d = driver_or_null();
+    if (env().pdl_after_any || !d || !d->cuGraphNodeGetType || !d->cuGraphKernelNodeGetParams_v2) return true;
+    int status = 0;
+    const CUgraphNode* deps = nullptr;
+    const CUgraphEdgeData* edges = nullptr;
+    size_t n = 0;
+    const CUstream s = static_cast<CUstream>(stream);
+    CUresult r;
+    if (d->cuStreamGetCaptureInfo_v3) r = d->cuStreamGetCaptureInfo_v3(s, &status, nullptr, nullptr, &deps, &edges, &n);
+    else if (d->cuStreamGetCaptureInfo_v2) r = d->cuStreamGetCaptureInfo_v2(s, &status, nullptr, nullptr, &deps, &n);
+    else return true;
+    if (r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_ACTIVE) return true;
+    if (n != 1 || deps == nullptr) return false;  // the graph's first node, or a join
+    int type = -1;
+    KernelNodeParams kp{};
+    if (d->cuGraphNodeGetType(deps[0], &type) != CUDA_SUCCESS || type != CU_GRAPH_NODE_TYPE_KERNEL ||
+        d->cuGraphKernelNodeGetParams_v2(deps[0], &kp) != CUDA_SUCCESS)
+      return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    return early_kernels_.count(kp.func) != 0;
   }
 
   void launch(void* function, Dim3 g, Dim3 b, unsigned smem, void* stream, void* params,
@@ -299,7 +351,7 @@ class CudaBackend final : public Backend {
     void* args[] = {params};
     const Driver& d = driver();
     CUresult r;
-    if (early && d.cuLaunchKernelEx) {
+    if (early && d.cuLaunchKernelEx && early_launch_helps(stream)) {
       CUlaunchAttribute overlap{};
       overlap.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
       overlap.value.programmatic_stream_serialization_allowed = 1;
@@ -374,6 +426,10 @@ class CudaBackend final : public Backend {
         d.lib.get(d.cuModuleGetGlobal, "cuModuleGetGlobal_v2");
         if (env().pdl) d.lib.try_get(d.cuLaunchKernelEx, "cuLaunchKernelEx");
         d.lib.try_get(d.cuStreamIsCapturing, "cuStreamIsCapturing");
+        d.lib.try_get(d.cuStreamGetCaptureInfo_v3, "cuStreamGetCaptureInfo_v3");
+        d.lib.try_get(d.cuStreamGetCaptureInfo_v2, "cuStreamGetCaptureInfo_v2");
+        d.lib.try_get(d.cuGraphNodeGetType, "cuGraphNodeGetType");
+        d.lib.try_get(d.cuGraphKernelNodeGetParams_v2, "cuGraphKernelNodeGetParams_v2");
         g_driver = &driver_;  // error names available from here on
         CC1D_CUDA_CHECK(d.cuInit(0), "");
         driver_ok_ = true;
@@ -442,6 +498,8 @@ class CudaBackend final : public Backend {
   std::mutex mu_;
   std::vector<DeviceInfo> devices_;
   std::unordered_map<CUcontext, std::unordered_map<std::string, Loaded>> modules_;
+  // Loaded kernels that let the next grid launch early (they export cc1d_waits_for_previous_grid).
+  std::unordered_set<CUfunction> early_kernels_;
 };
 
 }  // namespace

@@ -35,6 +35,7 @@ Env read_env() {
   else if (auto h = getenv_str("HOME"); !h.empty()) e.cache_dir = h + "/.cache/cc1d";
   e.disk_cache = !e.cache_dir.empty() && !switched_on("CC1D_DISABLE_DISK_CACHE");
   e.pdl = !switched_on("CC1D_DISABLE_PDL");
+  e.pdl_after_any = switched_on("CC1D_PDL_AFTER_ANY");
   e.fwd_fixed = !switched_on("CC1D_FWD_GENERIC");
   e.upd_fixed = !switched_on("CC1D_UPD_GENERIC");
   e.nvrtc_path = getenv_str("CC1D_NVRTC");

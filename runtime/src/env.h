@@ -13,6 +13,7 @@ struct Env {
   std::vector<std::string> tuning_dbs;  // CC1D_TUNING_DB: colon-separated DB files, searched first
   std::string package_dir;    // CC1D_PACKAGE_DIR: where tuning_db/<arch>.db is shipped (Python sets it too)
   bool pdl = true;            // false when CC1D_DISABLE_PDL=1: no kernel launched before the previous one ends
+  bool pdl_after_any = false; // CC1D_PDL_AFTER_ANY=1: in graphs too, early after any kernel (backend_cuda.cpp)
   bool fwd_fixed = true;      // false when CC1D_FWD_GENERIC=1: forward plans launch the generic kernel
   bool upd_fixed = true;      // false when CC1D_UPD_GENERIC=1: update plans launch the generic kernel
   bool log_dispatch = false;  // CC1D_LOG names "dispatch" (comma-separated list): log each new decision

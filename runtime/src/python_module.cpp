@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 
+#include "backend.h"
 #include "catalog.h"
 #include "cc1d/cc1d.h"
 #include "python_fastcall.h"
@@ -305,6 +306,14 @@ PYBIND11_MODULE(_cc1d, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("device_target", &cc1d::device_target, py::arg("vendor"), py::arg("device"),
         py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "early_launch_helps",
+      [](const std::string& vendor, int64_t stream) {
+        return cc1d::backend_for_vendor(vendor).early_launch_helps(reinterpret_cast<void*>(stream));
+      },
+      py::arg("vendor"), py::arg("stream"), py::call_guard<py::gil_scoped_release>(),
+      "early_launch_helps(vendor, stream) -> bool: whether a kernel launched onto the stream now "
+      "would be launched early (programmatic dependent launch, where the kernel allows it)");
 
   m.def(
       "fwd",
