@@ -144,6 +144,20 @@ def test_batch_times_seqlen_is_one_axis(rt, tmp_path):
     assert (e["key"], e["distance"]) == (V16[0].key(), 0.0)
 
 
+def test_detail_flags_a_nearest_shape_more_than_twice_away(rt, tmp_path):
+    path = make_db(tmp_path / "t.db", [(V16[0], 1, 512, 2048)])
+    rt.set_tuning_dbs([path])
+    far = "far from this call"
+    assert far not in explain(rt, 1, 512, 2048)["detail"]      # exact
+    assert far not in explain(rt, 1, 512, 1024)["detail"]      # half the work: distance ln 2
+    assert far not in explain(rt, 1, 1024, 2048)["detail"]     # twice the channels
+    for b, d, l in [(1, 512, 512), (1, 2048, 2048), (1, 1024, 4096), (8, 512, 2048)]:
+        e = explain(rt, b, d, l)
+        assert e["reason"] == "nearest" and e["distance"] > math.log(2), (b, d, l)
+        assert f"{far} (distance {e['distance']:.2f}, more than a factor of 2 apart)" in e["detail"], e
+        assert "cc1d-tune this shape" in e["detail"]
+
+
 def test_requirement_check_skips_misaligned(rt, tmp_path):
     exact = make_db(tmp_path / "exact.db", [(V16[3], 2, 64, 128), (V2[5], 16, 4096, 8192)])
     rt.set_tuning_dbs([exact])

@@ -122,6 +122,11 @@ double shape_distance(int64_t b, int64_t d, int64_t l, const TunedEntry& e) {
          std::fabs(std::log(double(d)) - std::log(double(e.dim)));
 }
 
+// A nearest shape further than this (more than a factor of 2 apart in work or in dim)
+// may have been tuned for a grid that fits the call poorly: session 42 measured 1.1-3x
+// at a quarter of the tuned sequence length. explain's detail says so.
+const double kFarDistance = std::log(2.0) + 1e-9;
+
 // ---- counters (dispatch_stats): what a warmed-up call must not do again ------
 
 std::atomic<uint64_t> g_decisions{0};  // decisions computed (memo misses)
@@ -247,6 +252,13 @@ std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, 
     if (best->features != features)
       d->detail += " (tuned with features [" + features_string(best->features) + "]; none tuned with [" +
                    features_string(features) + "])";
+    if (best_distance > kFarDistance) {
+      char dist[32];
+      std::snprintf(dist, sizeof dist, "%.2f", best_distance);
+      d->detail += "; it is far from this call (distance " + std::string(dist) +
+                   ", more than a factor of 2 apart), so its kernel may fit the call poorly: "
+                   "cc1d-tune this shape for one made for it";
+    }
     d->detail += skipped;
     return d;
   }
