@@ -122,9 +122,10 @@ double shape_distance(int64_t b, int64_t d, int64_t l, const TunedEntry& e) {
          std::fabs(std::log(double(d)) - std::log(double(e.dim)));
 }
 
-// A nearest shape further than this (more than a factor of 2 apart in work or in dim)
-// may have been tuned for a grid that fits the call poorly: session 42 measured 1.1-3x
-// at a quarter of the tuned sequence length. explain's detail says so.
+// A nearest shape further than this (its work and dim ratios to the call's multiply to
+// more than 2) may have been tuned for a grid that fits the call poorly: session 42
+// measured its kernels 1.1-3x slower at a quarter of the tuned sequence length than
+// the call's own winners. explain's detail says so.
 const double kFarDistance = std::log(2.0) + 1e-9;
 
 // ---- counters (dispatch_stats): what a warmed-up call must not do again ------
