@@ -12,8 +12,12 @@ in a model's step does not.
 Both conv_state layouts: "cl" (dim contiguous, vLLM's pools) and "cf" (state_len
 contiguous, the peer's). vLLM always takes pool indices: where cc1d runs without,
 vLLM gets the identity (arange), so both touch the same state rows.
+``--state-len`` sets conv_state's length (default width-1, vLLM's; HF transformers'
+Mamba caches keep width entries): the state then shifts by the token, the window
+being its last width-1 entries.
 
     python benchmarks/bench_update.py [--out results.json] [--indices] [--vllm causal_conv1d.py]
+                                      [--state-len N]
 """
 from __future__ import annotations
 
@@ -31,9 +35,15 @@ BATCHES = (1, 16, 64, 256)
 DIM, WIDTH, DTYPE = 5120, 4, torch.bfloat16
 
 
-def make_sets(batch, layout, with_indices):
-    state_len = WIDTH - 1
-    bytes_per_set = 2 * batch * DIM * (1 + state_len) * 2  # x, out, state read + written
+def minimal_bytes(batch: int, state_len: int) -> int:
+    """Read x and what the step needs of the state (the window, and the entries the shift
+    keeps: all but the first), write out and the whole new state."""
+    read = 1 + max(state_len - 1, WIDTH - 1)
+    return batch * DIM * (read + 1 + state_len) * 2
+
+
+def make_sets(batch, layout, with_indices, state_len=WIDTH - 1):
+    bytes_per_set = minimal_bytes(batch, state_len)
     sets = []
     for _ in range(n_buffers(bytes_per_set)):
         x = torch.randn(batch, DIM, device="cuda", dtype=DTYPE)
@@ -91,9 +101,9 @@ def _after_gemm_us(fns, gemm: _Gemm, rounds: int = 5, pairs_per_graph: int = 60)
     return times[len(times) // 2], times[-1] - times[0]
 
 
-def bench(batch, layout, copy_gbps, peer, with_indices, vllm=None):
-    sets, w, b, nbytes = make_sets(batch, layout, with_indices)
-    row = dict(batch=batch, dim=DIM, layout=layout, indices=with_indices)
+def bench(batch, layout, copy_gbps, peer, with_indices, vllm=None, state_len=WIDTH - 1):
+    sets, w, b, nbytes = make_sets(batch, layout, with_indices, state_len)
+    row = dict(batch=batch, dim=DIM, layout=layout, indices=with_indices, state_len=state_len)
     gemm = _Gemm(batch)
     row.update(gemm_us=gemm.us)
 
@@ -133,15 +143,20 @@ def main() -> None:
     ap.add_argument("--indices", action="store_true", help="also with conv_state_indices (a shuffled pool)")
     ap.add_argument("--vllm", default=None, metavar="causal_conv1d.py",
                     help="vLLM's vllm/model_executor/layers/mamba/ops/causal_conv1d.py: time its update too")
+    ap.add_argument("--state-len", type=int, default=WIDTH - 1,
+                    help=f"conv_state's length, >= width-1 (default {WIDTH - 1}; HF transformers' caches: {WIDTH})")
     args = ap.parse_args()
+    if args.state_len < WIDTH - 1:
+        ap.error(f"--state-len must be >= width-1 = {WIDTH - 1}, got {args.state_len}")
     copy_gbps = copy_ceiling_gbps()
     peer = causal_conv1d("causal_conv1d_update")
     vllm = vllm_update(args.vllm)
-    rows = [bench(bt, layout, copy_gbps, peer, ind, vllm) for layout in ("cl", "cf") for ind in
+    rows = [bench(bt, layout, copy_gbps, peer, ind, vllm, args.state_len) for layout in ("cl", "cf") for ind in
             ((False, True) if args.indices else (False,)) for bt in BATCHES]
     dev = torch.cuda.get_device_name()
     print(f"\n{dev}; copy ceiling {copy_gbps:.0f} GB/s; causal_conv1d "
-          f"{'installed' if peer else 'not installed'}; dim {DIM}, width {WIDTH}, bf16, bias, SiLU\n")
+          f"{'installed' if peer else 'not installed'}; dim {DIM}, width {WIDTH}, state_len {args.state_len}, "
+          "bf16, bias, SiLU\n")
     print("| state layout | indices | batch | cc1d graph µs | cc1d % copy | cc1d eager µs/call | "
           "peer graph µs | peer % copy | peer eager µs/call | vLLM graph µs | cc1d after a GEMM µs | "
           "vLLM after a GEMM µs |")

@@ -66,10 +66,12 @@ DTYPE_CODES = {"f32": 0, "f16": 1, "bf16": 2}
 
 
 def fixed_call(family, *, batch=4, dim=640, pool=6, bias=True, indices=False, cache_seqlens=False,
-               pad=-1, silu=True):
+               pad=-1, silu=True, keeps_width=False):
     """upd_fixed_options' arguments for a call of `family` (fake pointers, contiguous tensors;
-    conv_state (pool, dim, width-1) in the family's layout)."""
-    w, m = family.width, family.width - 1
+    conv_state (pool, dim, width-1) in the family's layout, or (pool, dim, width) with
+    keeps_width: HF transformers' caches)."""
+    w = family.width
+    m = w if keeps_width else w - 1
     ptrs = (GB, 2 * GB, 3 * GB if bias else 0, 4 * GB, 5 * GB if cache_seqlens else 0,
             6 * GB if indices else 0, 0, 8 * GB)
     state = (dim * m, m, 1) if family.layout == "cf" else (dim * m, 1, dim)
@@ -92,7 +94,8 @@ def test_fixed_options_name_every_constant_once(rt):
 
 
 @pytest.mark.parametrize("features", [dict(), dict(indices=True, bias=False, silu=False),
-                                      dict(cache_seqlens=True, pad=(1 << 63) - 1, dim=100)])
+                                      dict(cache_seqlens=True, pad=(1 << 63) - 1, dim=100),
+                                      dict(keeps_width=True), dict(keeps_width=True, indices=True)])
 def test_fixed_update_kernels_compile_for_sm90_without_spills_and_shrink(nvrtc, features):
     """Each default update kernel of width 4 (and bf16 channel-last of every width) compiled
     the way a plan does with a call's constants: no errors, no local memory, and much less
@@ -116,6 +119,9 @@ def test_fixed_update_kernels_compile_for_amd(trixie, rt, target):  # noqa: F811
         v = default_variant(f, target)
         opts = rt.upd_fixed_options(*fixed_call(f, indices=True))
         chosen.append(with_defines(v, opts, "fixed"))
+        if f.x_dtype == "bf16":  # the batched step for states of width entries (HF's caches)
+            opts = rt.upd_fixed_options(*fixed_call(f, indices=True, keeps_width=True))
+            chosen.append(with_defines(v, opts, "fixed-width-state"))
     results = _compile_batch(trixie, target, chosen)
     failed = [f"{r['key']}: {r['log'][-1500:]}" for r in results if not r["ok"]]
     assert not failed, "\n".join(failed)

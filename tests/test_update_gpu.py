@@ -255,6 +255,30 @@ def test_tuned_decode_shapes_with_a_pool(layout, batch):
         assert torch.equal(out[batch // 2], torch.zeros_like(out[batch // 2]))
 
 
+@pytest.mark.parametrize("layout", ["cf", "cl"])
+@pytest.mark.parametrize("pair", [("bf16", "bf16"), ("f32", "f32")], ids=lambda p: f"{p[0]}w{p[1]}")
+@pytest.mark.parametrize("batch, pool", [(1, None), (7, None), (64, None), (7, 12), (64, 131)])
+def test_states_keeping_width_entries(layout, pair, batch, pool, monkeypatch):
+    """HF transformers' Mamba caches keep width entries, the one before the window too: a
+    plan's fixed kernel runs their decode step batched (upd.cu.j2, UPD_STATE_W). Two steps in
+    turn against the reference, NaN-poisoned outputs, dim 5120 + 8 (channels past every
+    vector); through a pool, a padded row and a slot named twice."""
+    from cc1d import update
+    monkeypatch.setattr(update, "_new_out", lambda t: torch.full_like(t, float("nan")))
+    x, state, w, b = make(batch, 5128, 1, 4, 4, *pair, layout=layout, pool=pool, seed=batch)
+    kw = dict(activation="silu")
+    if pool is not None:
+        idx = torch.randperm(pool, device=DEV)[:batch].to(torch.int32)
+        idx[1] = -1
+        idx[batch - 1] = idx[0]
+        kw["conv_state_indices"] = idx
+    for step in range(2):
+        out = check(x, state, w, b, **kw)
+        if pool is not None:
+            assert torch.equal(out[1], torch.zeros_like(out[1]))
+        x = torch.randn(x.shape, generator=_gen(step + 50), device=DEV).to(x.dtype)
+
+
 # ---- speculative decoding (vLLM's num_accepted_tokens) ------------------------------
 
 @pytest.mark.parametrize("layout", ["cf", "cl"])
@@ -546,7 +570,9 @@ def _fixed_case(i):
     width = (4, 2, 3, 4)[i % 4]
     mode = ("plain", "indices", "cache_seqlens", "accepted")[i // 2 % 4]
     seqlen = 1 if mode in ("plain", "indices") else 3
-    state_len = width - 1 if mode in ("plain", "indices") else width + 1
+    # One token: states of width-1 entries (vLLM's), and of width (HF transformers') in cases
+    # 8-11, which the fixed kernel runs through the batched step and the generic one row by row.
+    state_len = (width - 1 + i // 8 % 2) if mode in ("plain", "indices") else width + 1
     batch, dim = (1, 16, 5, 64)[i % 4], (5120 + 8, 100, 2072, 640 + 24)[i // 4 % 4]
     return layout, xd, wd, width, mode, seqlen, state_len, batch, dim
 
