@@ -260,9 +260,9 @@ def test_tuned_decode_shapes_with_a_pool(layout, batch):
 @pytest.mark.parametrize("batch, pool", [(1, None), (7, None), (64, None), (7, 12), (64, 131)])
 def test_states_keeping_width_entries(layout, pair, batch, pool, monkeypatch):
     """HF transformers' Mamba caches keep width entries, the one before the window too: a
-    plan's fixed kernel runs their decode step batched (upd.cu.j2, UPD_STATE_W). Two steps in
-    turn against the reference, NaN-poisoned outputs, dim 5120 + 8 (channels past every
-    vector); through a pool, a padded row and a slot named twice."""
+    plan's fixed kernel runs their decode step batched (upd.cu.j2, CC1D_UPD_FAST_STATE_LEN).
+    Two steps in turn against the reference, NaN-poisoned outputs, dim 5120 + 8 (channels
+    past every vector); through a pool, a padded row and a slot named twice."""
     from cc1d import update
     monkeypatch.setattr(update, "_new_out", lambda t: torch.full_like(t, float("nan")))
     x, state, w, b = make(batch, 5128, 1, 4, 4, *pair, layout=layout, pool=pool, seed=batch)
