@@ -261,8 +261,8 @@ def test_tuned_decode_shapes_with_a_pool(layout, batch):
 def test_states_keeping_width_entries(layout, pair, batch, pool, monkeypatch):
     """HF transformers' Mamba caches keep width entries, the one before the window too: a
     plan's fixed kernel runs their decode step batched (upd.cu.j2, CC1D_UPD_FAST_STATE_LEN).
-    Two steps in turn against the reference, NaN-poisoned outputs, dim 5120 + 8 (channels
-    past every vector); through a pool, a padded row and a slot named twice."""
+    Two steps in turn against the reference, NaN-poisoned outputs, dim 5120 + 8 (the last
+    block's channels part-filled); through a pool, a padded row and a slot named twice."""
     from cc1d import update
     monkeypatch.setattr(update, "_new_out", lambda t: torch.full_like(t, float("nan")))
     x, state, w, b = make(batch, 5128, 1, 4, 4, *pair, layout=layout, pool=pool, seed=batch)
