@@ -145,29 +145,35 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def update_table(res: dict) -> list[str]:
-    """bench_update.py's rows: graph-timed device µs, eager µs per call, % of copy; the
-    peers of the same run (vLLM where bench_update had --vllm) and vLLM's ANCHORS.md
-    numbers (another H100) for scale; and, where the run has them, both kernels' µs after a
-    GEMM (each call preceded by a decode step's projection, its time taken off)."""
+    """bench_update.py's rows: graph-timed device µs (inputs past L2), eager µs per call, % of
+    copy; the peers of the same run (vLLM where bench_update had --vllm) and vLLM's ANCHORS.md
+    numbers (another H100) for scale; where the run has them, both kernels' µs in an
+    L2-resident loop and after a GEMM (each call preceded by a decode step's projection, its
+    time taken off)."""
     anchors = {1: 2.3, 16: 2.8, 64: 4.2, 256: 10.9}
     lines = ["| batch | state layout | pool indices | cc1d µs (graph) | cc1d % of copy | cc1d eager µs | "
              "peer µs (same run) | vLLM µs (same run) | speed vs vLLM | vLLM µs (ANCHORS) | "
+             "cc1d µs L2-resident | vLLM µs L2-resident | speed vs vLLM L2-resident | "
              "cc1d µs after a GEMM | vLLM µs after a GEMM | speed vs vLLM after a GEMM |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def ratio(theirs, ours):
+        return f"{theirs / ours:.2f}x" if ours and theirs else "—"
+
     for r in res["rows"]:
         lay = {"cl": "dim-contiguous (vLLM)", "cf": "state-contiguous (peer)"}.get(r.get("layout"), "?")
         ours, vllm = r.get("cc1d_us"), r.get("vllm_us")
-        ratio = f"{vllm / ours:.2f}x" if ours and vllm else "—"
+        ours_h, vllm_h = r.get("cc1d_l2_us"), r.get("vllm_l2_us")
         ours_g, vllm_g = r.get("cc1d_after_gemm_us"), r.get("vllm_after_gemm_us")
-        ratio_g = f"{vllm_g / ours_g:.2f}x" if ours_g and vllm_g else "—"
 
         def spread(name):  # half the rounds' range, where the run recorded it
             v = r.get(f"{name}_after_gemm_spread_us")
             return "" if v is None else f" ± {v / 2:.2f}"
         lines.append(f"| {r['batch']} | {lay} | {'yes' if r.get('indices') else 'no'} | {_us(ours, 2)} | "
                      f"{_pct(r.get('cc1d_frac'))} | {_us(r.get('cc1d_eager_us'))} | {_us(r.get('peer_us'), 2)} | "
-                     f"{_us(vllm, 2)} | {ratio} | {anchors.get(r['batch'], '—')} | {_us(ours_g, 2)}{spread('cc1d')} | "
-                     f"{_us(vllm_g, 2)}{spread('vllm')} | {ratio_g} |")
+                     f"{_us(vllm, 2)} | {ratio(vllm, ours)} | {anchors.get(r['batch'], '—')} | {_us(ours_h, 2)} | "
+                     f"{_us(vllm_h, 2)} | {ratio(vllm_h, ours_h)} | {_us(ours_g, 2)}{spread('cc1d')} | "
+                     f"{_us(vllm_g, 2)}{spread('vllm')} | {ratio(vllm_g, ours_g)} |")
     return lines
 
 

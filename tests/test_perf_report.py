@@ -78,3 +78,18 @@ def test_the_page_says_which_runs_timed_the_peer(tmp_path, monkeypatch):
     report.main(["--fwd", fwd, "--out", str(tmp_path / "none")])
     page = (tmp_path / "none" / "PERFORMANCE.md").read_text()
     assert "Dao-AILab causal-conv1d was not installed in these runs" in page
+
+
+def test_the_update_table_sets_each_loop_against_vllms_same_loop(tmp_path):
+    """Past L2, L2-resident and after a GEMM are three loops: each ratio is vLLM's time in
+    that loop over cc1d's in it. A run from before the L2-resident loop shows a dash."""
+    new = dict(batch=1, layout="cl", indices=True, cc1d_us=2.0, cc1d_frac=0.02, vllm_us=2.5,
+               cc1d_l2_us=1.44, vllm_l2_us=1.37, cc1d_after_gemm_us=2.5, vllm_after_gemm_us=3.25)
+    old = dict(batch=16, layout="cf", indices=False, cc1d_us=1.81, cc1d_frac=0.24, vllm_us=2.96)
+    upd = _write(tmp_path / "upd.json", dict(device="GPU B", copy_gbps=3000.0, rows=[new, old]))
+    report.main(["--update", upd, "--out", str(tmp_path / "out")])
+    page = (tmp_path / "out" / "PERFORMANCE.md").read_text()
+    assert ("| 1 | dim-contiguous (vLLM) | yes | 2.00 | 2 % | — | — | 2.50 | 1.25x | 2.3 | 1.44 | 1.37 | 0.95x | "
+            "2.50 | 3.25 | 1.30x |") in page
+    assert ("| 16 | state-contiguous (peer) | no | 1.81 | 24 % | — | — | 2.96 | 1.64x | 2.8 | — | — | — | "
+            "— | — | — |") in page
