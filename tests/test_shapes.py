@@ -40,6 +40,9 @@ def test_duplicates_are_dropped_and_features_in_key():
     assert [s.key() for s in shapes] == ["b1.d64.l8.bias.silu", "b1.d64.l8.silu.seqidx.init.final"]
     pooled = parse_shapes([{"op": "upd", "batch": 16, "dim": 64, "seqlen": 1, "state_indices": [False, True]}])
     assert [s.key() for s in pooled] == ["b16.d64.l1.bias.silu", "b16.d64.l1.bias.silu.pool"]
+    hf = parse_shapes([{"op": "upd", "batch": 16, "dim": 64, "seqlen": 1, "state_indices": [False, True],
+                        "width_state": True}])
+    assert [s.key() for s in hf] == ["b16.d64.l1.bias.silu.wstate", "b16.d64.l1.bias.silu.pool.wstate"]
 
 
 def test_example_file_parses():
@@ -64,6 +67,10 @@ def test_example_file_parses():
     ({"batch": 1, "dim": [], "seqlen": 8}, "shapes[0].dim: empty list"),
     ({"batch": 1, "dim": 64, "seqlen": 8, "state_indices": True},
      "shapes[0]: op fwd: state_indices is a feature of the decode update (op upd) only"),
+    ({"op": "bwd", "batch": 1, "dim": 64, "seqlen": 8, "width_state": True},
+     "shapes[0]: op bwd: width_state is a feature of the decode update (op upd) only"),
+    ({"op": "upd", "batch": 1, "dim": 64, "seqlen": 1, "width_state": "yes"},
+     "shapes[0].width_state: expected true or false, got 'yes'"),
     ("b1", "shapes[0]: expected a mapping of fields, got 'b1'"),
 ])
 def test_entry_errors_name_file_entry_and_field(entry, message):

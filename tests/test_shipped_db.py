@@ -107,10 +107,11 @@ def call_for(family_key: str, batch: int, dim: int, seqlen: int, features: str) 
 
 
 def upd_call_for(fam, b: int, d: int, n: int, feats: set) -> list:
-    """explain_upd's arguments for the tuner's update problem: contiguous x and out, width-1
-    states laid out as the family says ("cl" dim-contiguous): a pool of `b`, or with "pool"
-    one of 2b+1 read through conv_state_indices; no other index arrays."""
-    w, sl = fam.width, fam.width - 1
+    """explain_upd's arguments for the tuner's update problem: contiguous x and out, states of
+    width-1 entries (width with "wstate") laid out as the family says ("cl" dim-contiguous): a
+    pool of `b`, or with "pool" one of 2b+1 read through conv_state_indices; no other index arrays."""
+    w = fam.width
+    sl = w if "wstate" in feats else w - 1
     pool = 2 * b + 1 if "pool" in feats else b
     x = (d * n, n, 1)
     state = (d * sl, sl, 1) if fam.layout == "cf" else (d * sl, 1, d)

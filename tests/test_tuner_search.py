@@ -202,6 +202,21 @@ def test_ties_among_non_defaults_go_to_the_fewest_changes(db):
     assert res.winner == near
 
 
+def test_ties_go_to_the_start_config_first(db):
+    """A re-tune keeps the kernel the shape's calls ran (the first start config) where the
+    best it finds only ties with it, the default included; a clear gain still wins."""
+    default = default_variant(CF.family())
+    incumbent = default_variant(CF.family(), threads=256, nvec=4, halo="reload")
+    picks = {default: 5.0, incumbent: 5.0}
+    res = tune_shape(CF, ARCH, FakeEvaluator(times=lambda v: picks.get(v, 10.0)), db,
+                     SearchConfig(trials=20, finalists=5), start_configs=[incumbent.params])
+    assert res.winner == incumbent and res.start == incumbent
+    picks[default] = 4.0
+    res = tune_shape(CF, ARCH, FakeEvaluator(times=lambda v: picks.get(v, 10.0)), db,
+                     SearchConfig(trials=20, finalists=5), start_configs=[incumbent.params])
+    assert res.winner == default and res.start_us == pytest.approx(5.0)
+
+
 def test_budget_stops_the_search(db):
     ev = FakeEvaluator(sleep_s=0.05)
     t0 = time.monotonic()
@@ -286,6 +301,50 @@ def test_start_from_tries_a_winner_whose_source_the_templates_changed(db, tmp_pa
     ev = FakeEvaluator()
     tune_shape(CF, ARCH, ev, db, SearchConfig(trials=3), start_configs=starts)
     assert ev.compiled[:2] == [default.key(), fastest.key()]
+
+
+def test_start_from_gives_an_untuned_shape_the_winner_its_calls_ran(tmp_path):
+    """A shape a DB has not tuned starts from the winner the dispatcher serves its calls from
+    that DB: the nearest of the family, fewest differing features first. An update shape on
+    states of width entries ("wstate", HF's caches) so starts from the same shape's width-1
+    winner; its own winner, once there, comes first and alone."""
+    plain, wide = parse_shapes([{"op": "upd", "layout": "cf", "dtypes": "bf16", "batch": 16, "dim": 2048,
+                                 "seqlen": 1, "width_state": [False, True]}])
+    assert (plain.key(), wide.key()) == ("b16.d2048.l1.bias.silu", "b16.d2048.l1.bias.silu.wstate")
+    first, second, third = list(variants(plain.family(), arch_info(ARCH)))[:3]
+    far = parse_shapes([{"op": "upd", "layout": "cf", "dtypes": "bf16", "batch": 256, "dim": 8192,
+                         "seqlen": 1}])[0]
+    wide64 = parse_shapes([{"op": "upd", "layout": "cf", "dtypes": "bf16", "batch": 64, "dim": 2048,
+                            "seqlen": 1, "width_state": True}])[0]
+    with TuningDB(tmp_path / "old.db") as old:
+        _store_winner(old, plain, first)
+        _store_winner(old, far, third)
+        assert start_configs(wide, ARCH, [old]) == [first.params]
+        assert start_configs(wide64, ARCH, [old]) == [first.params]  # nearer than the far shape
+        assert start_configs(plain, ARCH, [old]) == [first.params]
+        _store_winner(old, wide, second)
+        old.conn.execute("UPDATE winners SET features = 'bias,silu,wstate' WHERE shape_key = ?", (wide.key(),))
+        assert start_configs(wide, ARCH, [old]) == [second.params]
+        assert start_configs(wide64, ARCH, [old]) == [second.params]  # its own features first
+        assert start_configs(far, ARCH, [old]) == [third.params]
+        other = parse_shapes([{"op": "upd", "layout": "cl", "dtypes": "bf16", "batch": 16, "dim": 2048,
+                               "seqlen": 1}])[0]
+        assert start_configs(other, ARCH, [old]) == []  # another family's winners are not served
+
+
+def test_the_start_config_is_retimed_beside_the_winner(db, tmp_path):
+    """The report sets the winner against the kernel the shape's calls ran before (the first
+    start config), re-timed in the same finals."""
+    from cc1d.tuner.report import result_dict, table
+    valid = list(variants(CF.family(), arch_info(ARCH)))
+    default = default_variant(CF.family())
+    slow = max((v for v in valid if v != default), key=fake_time_us)
+    res = tune_shape(CF, ARCH, FakeEvaluator(), db, SearchConfig(trials=6), start_configs=[slow.params])
+    assert res.start == slow and res.winner != slow
+    assert res.start_us == pytest.approx(fake_time_us(slow), rel=0.05)
+    entry = result_dict(res)
+    assert entry["start"] == slow.key() and entry["start_us"] == res.start_us
+    assert f"{res.start_us / res.time_us:.3f}x" in table([res]).splitlines()[-1]
 
 
 def test_report_names_each_winners_source_hash_and_epoch(db, tmp_path):

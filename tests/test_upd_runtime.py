@@ -134,6 +134,44 @@ def test_indices_are_a_tuned_feature_with_fallback_to_the_shape_without(rt, tmp_
         assert (e["reason"], e["key"]) == ("nearest", alone.key())
 
 
+def test_states_of_width_entries_are_a_tuned_feature_with_fallback(rt, tmp_path):
+    """A conv_state of width entries (HF transformers' caches) makes the shape key
+    "...wstate": a winner tuned on such states serves those calls and only those while
+    the width-1 winner is there; without it, such calls get the width-1 winner (what they
+    ran before the feature), a longer state gets no "wstate" at all."""
+    from cc1d.generator import Variant
+    from cc1d.tuner.db import TuningDB
+    fam = Family("upd", "cf", "bf16", "f32", 4)
+    narrow, wide = [Variant.of(fam, **dict(c)) for c in (
+        dict(threads=64, vec_bytes=8, rows=1, weights="first", max_regs=96),
+        dict(threads=128, vec_bytes=4, rows=2, weights="after", max_regs=255))]
+    arch = "sm_997"
+
+    def make(path, entries):
+        with TuningDB(path) as db:
+            for v, feats in entries:
+                db.put_winner(v.source, arch=arch, family_key=fam.key(), shape_key=".".join(["b4.d64.l1", *feats]),
+                              op="upd", batch=4, dim=64, seqlen=1, features=",".join(feats), variant_key=v.key(),
+                              config=v.params, source_hash=v.hash(), **v.geometry(), time_us=3.0,
+                              environment={"device": "test"})
+        return str(path)
+
+    width_state = args(sizes=(4, 64, 1, 4, 4, 4), layout="cf")
+    longer = args(sizes=(4, 64, 1, 6, 4, 4), layout="cf")
+    plain = args(layout="cf")
+    rt.set_tuning_dbs([make(tmp_path / "both.db", [(narrow, ("bias", "silu")), (wide, ("bias", "silu", "wstate"))])])
+    e = rt.explain_upd(*width_state, arch=arch)
+    assert (e["shape"], e["reason"], e["key"]) == ("b4.d64.l1.bias.silu.wstate", "exact", wide.key())
+    for call in (plain, longer):
+        e = rt.explain_upd(*call, arch=arch)
+        assert (e["shape"], e["reason"], e["key"]) == ("b4.d64.l1.bias.silu", "exact", narrow.key())
+    rt.set_tuning_dbs([make(tmp_path / "narrow.db", [(narrow, ("bias", "silu"))])])
+    rt.clear_dispatch_cache()
+    e = rt.explain_upd(*width_state, arch=arch)
+    assert (e["reason"], e["key"]) == ("nearest", narrow.key())
+    assert "none tuned with [bias,silu,wstate]" in e["detail"]
+
+
 def test_the_launch_without_a_device_says_so(rt):
     with pytest.raises(RuntimeError, match="no GPU backend owns pointer"):
         rt.upd(*args(), 0)

@@ -22,6 +22,10 @@ def test_upd_bytes_moved_is_the_minimal_traffic():
                        "seqlen": 1}])[0]
     # x read + out written (1 token) + state window read + new state written (3 entries), + weights and bias
     assert problem_for("upd").bytes_moved(s) == 2 * 256 * 5120 * 2 + 2 * 256 * 5120 * 3 * 2 + 5120 * 5 * 2
+    # HF's states of width entries: the same 3 entries read (the window, all the shift keeps), 4 written
+    hf = parse_shapes([{"op": "upd", "layout": "cf", "dtypes": "bf16", "width": 4, "batch": 256, "dim": 5120,
+                        "seqlen": 1, "width_state": True}])[0]
+    assert problem_for("upd").bytes_moved(hf) == 2 * 256 * 5120 * 2 + 256 * 5120 * (3 + 4) * 2 + 5120 * 5 * 2
 
 
 def test_compile_only_update_shapes(tmp_path, capsys):

@@ -295,8 +295,9 @@ class VarlenProblem:
 
 class UpdProblem:
     """The decode update: x (batch, dim) (or (batch, dim, seqlen)) against a state of
-    state_len = width-1 laid out as the shape's layout says ("cl": dim contiguous,
-    vLLM's pools; "cf": state_len contiguous, the peer's). The state is an output:
+    state_len = width-1 (vLLM's caches), or width with the shape's width_state ("wstate",
+    HF transformers'), laid out as the shape's layout says ("cl": dim contiguous, vLLM's
+    pools; "cf": state_len contiguous, the peer's and HF's). The state is an output:
     make_outputs hands the kernel a copy of the input state to update. With the
     shape's state_indices ("pool"), the states are rows of a pool of 2 * batch + 1
     picked by shuffled, distinct conv_state_indices (as a serving engine's are). A decode
@@ -304,11 +305,18 @@ class UpdProblem:
     op = "upd"
     runs_between_kernels = True
 
+    @staticmethod
+    def state_len(shape: Shape) -> int:
+        return shape.width if shape.width_state else shape.width - 1
+
     def bytes_moved(self, shape: Shape) -> int:
+        """x and out; the state's width-1 entries read (the window, which is also all that a
+        state of width entries keeps after the shift) and its state_len entries written; the
+        weights, bias and indices."""
         xb, wb = DTYPES[shape.x_dtype][1], DTYPES[shape.w_dtype][1]
         tokens = shape.batch * shape.dim * shape.seqlen
-        state = shape.batch * shape.dim * (shape.width - 1)
-        return 2 * tokens * xb + 2 * state * xb + shape.dim * (shape.width + shape.bias) * wb \
+        state = shape.batch * shape.dim * (shape.width - 1 + self.state_len(shape))
+        return 2 * tokens * xb + state * xb + shape.dim * (shape.width + shape.bias) * wb \
             + 4 * shape.batch * shape.state_indices
 
     def make_inputs(self, shape: Shape, seed: int, device: str = "cuda") -> dict[str, Any]:
@@ -316,6 +324,7 @@ class UpdProblem:
         gen = torch.Generator().manual_seed(seed)
         xd, wd = _torch_dtype(shape.x_dtype), _torch_dtype(shape.w_dtype)
         b, d, l, w = shape.batch, shape.dim, shape.seqlen, shape.width
+        m = self.state_len(shape)
         x = torch.randn(b, d, l, generator=gen).to(xd).to(device)
         if l == 1:
             x = x[:, :, 0].contiguous()
@@ -323,10 +332,10 @@ class UpdProblem:
         if shape.layout == "cf":
             # state_len contiguous. At width 2 a dense (b, d, 1) state is also dim-contiguous,
             # which the runtime serves as "cl": give each channel a 2-slot row instead.
-            rows = torch.randn(pool, d, max(w - 1, 2), generator=gen).to(xd).to(device)
-            state = rows[:, :, :w - 1]
+            rows = torch.randn(pool, d, max(m, 2), generator=gen).to(xd).to(device)
+            state = rows[:, :, :m]
         else:
-            state = torch.randn(pool, w - 1, d, generator=gen).to(xd).to(device).transpose(1, 2)
+            state = torch.randn(pool, m, d, generator=gen).to(xd).to(device).transpose(1, 2)
         bias = torch.randn(d, generator=gen).to(wd).to(device) if shape.bias else None
         indices = torch.randperm(pool, generator=gen)[:b].to(torch.int32).to(device) if shape.state_indices else None
         return dict(x=x, conv_state=state, weight=(torch.randn(d, w, generator=gen) / w ** 0.5).to(wd).to(device),

@@ -16,14 +16,16 @@ def _fmt(v: float | None, spec: str) -> str:
 
 
 def table(results: Iterable[ShapeResult]) -> str:
-    rows = [("family", "shape", "winner config", "time us", "% copy", "vs default")]
+    rows = [("family", "shape", "winner config", "time us", "% copy", "vs default", "vs start")]
     for r in results:
         family = r.shape.family().key()
         config = r.winner.key()[len(family) + 1:] if r.winner else f"none: {r.note}"
         pct = None if r.copy_fraction is None else 100 * r.copy_fraction
         speed = None if r.speedup is None else r.speedup
+        vs_start = r.start_us / r.time_us if r.start_us and r.time_us else None
         rows.append((family, r.shape.key(), config + (" (stored)" if r.resumed else ""),
-                     _fmt(r.time_us, ".2f"), _fmt(pct, ".1f"), _fmt(speed, ".3f") + ("x" if speed else "")))
+                     _fmt(r.time_us, ".2f"), _fmt(pct, ".1f"), _fmt(speed, ".3f") + ("x" if speed else ""),
+                     _fmt(vs_start, ".3f") + ("x" if vs_start else "")))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 
@@ -36,6 +38,7 @@ def result_dict(r: ShapeResult) -> dict[str, Any]:
                 winner=r.winner.key() if r.winner else None, config=r.winner.params if r.winner else None,
                 source_hash=r.winner.hash() if r.winner else None, epoch=EPOCH,
                 time_us=r.time_us, spread=r.spread, default_us=r.default_us, speedup=r.speedup,
+                start=r.start.key() if r.start else None, start_us=r.start_us,
                 copy_fraction=r.copy_fraction, counts=r.counts, resumed=r.resumed, note=r.note)
 
 

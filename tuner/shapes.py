@@ -12,7 +12,9 @@ Every field takes one value or a list; an entry expands to the product of its
 lists. ``dtypes`` is ``x/weight`` or ``x`` (weight in x's dtype). ``batch``,
 ``dim`` and ``seqlen`` are required; the other fields default to BUILTIN_DEFAULTS.
 ``state_indices: true`` (op upd only) tunes the decode update as vLLM calls it:
-its states read through conv_state_indices from a larger pool.
+its states read through conv_state_indices from a larger pool. ``width_state: true``
+(op upd only) tunes it on states of width entries, as HF transformers' Mamba caches
+keep them (state_len = width; without it, width-1 as vLLM's).
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ from ..generator.space import DTYPE_PAIRS
 
 BUILTIN_DEFAULTS: dict[str, Any] = dict(op="fwd", layout="cf", dtypes="bf16/f32", width=4, bias=True,
                                         activation="silu", seq_idx=False, initial_states=False,
-                                        final_states=False, state_indices=False, name="")
+                                        final_states=False, state_indices=False, width_state=False,
+                                        name="")
 REQUIRED = ("batch", "dim", "seqlen")
 
 
@@ -52,6 +55,7 @@ class Shape:
     initial_states: bool = False
     final_states: bool = False
     state_indices: bool = False  # upd: states read through conv_state_indices (a pool)
+    width_state: bool = False    # upd: states of width entries (HF transformers'), not width-1
     name: str = ""             # a label for reports; not part of the key
 
     def family(self) -> Family:
@@ -59,7 +63,8 @@ class Shape:
 
     def features(self) -> tuple[str, ...]:
         on = (("bias", self.bias), ("silu", self.activation == "silu"), ("seqidx", self.seq_idx),
-              ("init", self.initial_states), ("final", self.final_states), ("pool", self.state_indices))
+              ("init", self.initial_states), ("final", self.final_states), ("pool", self.state_indices),
+              ("wstate", self.width_state))
         return tuple(n for n, flag in on if flag)
 
     def key(self) -> str:
@@ -125,7 +130,7 @@ def _name(v: Any) -> str:
 FIELDS: dict[str, Callable[[Any], Any]] = dict(
     op=_choice(OPS), layout=_choice(LAYOUTS), dtypes=_dtypes, width=_width, batch=_positive_int,
     dim=_positive_int, seqlen=_positive_int, bias=_bool, activation=_activation, seq_idx=_bool,
-    initial_states=_bool, final_states=_bool, state_indices=_bool, name=_name)
+    initial_states=_bool, final_states=_bool, state_indices=_bool, width_state=_bool, name=_name)
 
 
 def _check_fields(where: str, entry: Any) -> dict:
@@ -186,9 +191,10 @@ def parse_shapes(data: Any, source: str = "<shapes>") -> list[Shape]:
             if shape.op == "vfwd" and shape.initial_states and not shape.final_states:
                 raise ShapesError(f"{where}: op vfwd: initial_states needs final_states (the state pool is "
                                   "read and written back)")
-            if shape.state_indices and shape.op != "upd":
-                raise ShapesError(f"{where}: op {shape.op}: state_indices is a feature of the decode update "
-                                  "(op upd) only")
+            for field in ("state_indices", "width_state"):
+                if getattr(shape, field) and shape.op != "upd":
+                    raise ShapesError(f"{where}: op {shape.op}: {field} is a feature of the decode update "
+                                      "(op upd) only")
             shapes.setdefault((shape.family().key(), shape.key()), shape)
     return list(shapes.values())
 

@@ -20,7 +20,8 @@ namespace cc1d {
 namespace {
 
 constexpr int kBusyTimeoutMs = 5000;  // a tuner may be committing to the user's DB
-constexpr const char* kFeatureNames[kFeatureCount] = {"bias", "silu", "seqidx", "init", "final", "pool"};
+constexpr const char* kFeatureNames[kFeatureCount] = {"bias", "silu", "seqidx", "init",
+                                                      "final", "pool", "wstate"};
 
 // Column order of kWinnersSql.
 enum Col { kFamily, kShape, kBatch, kDim, kSeqlen, kFeatures, kVariantKey, kHash, kThreads, kTileL,
@@ -59,7 +60,7 @@ std::string check_row(const sqlite::Stmt& s, std::map<std::string, bool>& hash_o
   out.seqlen = s.int64(kSeqlen);
   if (out.batch < 1 || out.dim < 1 || out.seqlen < 1) return "batch, dim and seqlen must be >= 1";
   if (!parse_features(s.text(kFeatures), &out.features))
-    return "unknown feature in '" + s.text(kFeatures) + "' (known: bias, silu, seqidx, init, final)";
+    return "unknown feature in '" + s.text(kFeatures) + "' (known: " + features_string(~0u) + ")";
   KernelVariant v;
   v.key = s.text(kVariantKey);
   if (v.key.size() <= out.family.size() || v.key.compare(0, out.family.size(), out.family) != 0 ||

@@ -16,8 +16,10 @@ constexpr int kSchemaVersion = 2;  // tuner/db.py SCHEMA_VERSION
 
 // The `features` column: comma-separated names, as tuner/shapes.py Shape.features() writes them.
 // kPool: the decode update reads its states through conv_state_indices (a state pool).
-enum Feature : unsigned { kBias = 1, kSilu = 2, kSeqIdx = 4, kInit = 8, kFinal = 16, kPool = 32 };
-constexpr unsigned kFeatureCount = 6;
+// kWidthState: the decode update's conv_state keeps width entries (state_len = width, HF
+// transformers' Mamba caches), not width-1 (vLLM's).
+enum Feature : unsigned { kBias = 1, kSilu = 2, kSeqIdx = 4, kInit = 8, kFinal = 16, kPool = 32, kWidthState = 64 };
+constexpr unsigned kFeatureCount = 7;
 // false if a name is unknown (the entry is then skipped: it was tuned for something we cannot match).
 bool parse_features(const std::string& text, unsigned* mask);
 std::string features_string(unsigned mask, char sep = ',');

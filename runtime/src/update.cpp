@@ -22,9 +22,13 @@ Call upd_call(const UpdArgs& a, Layout layout) {
   // cache_seqlens and num_accepted_tokens are run-time branches of every kernel,
   // not part of the tuned shape. conv_state_indices is one too, but a tuned
   // feature ("pool"): the indices add a round trip and the duplicate-slot scan,
-  // which may favour another config. Without a "pool" winner the shape's other
-  // winners serve (the dispatcher ranks a feature mismatch below a shape match).
-  c.features = (p.bias ? kBias : 0u) | (p.silu ? kSilu : 0u) | (p.conv_state_indices ? kPool : 0u);
+  // which may favour another config. So is a state of width entries ("wstate", HF
+  // transformers' caches): it moves a quarter more bytes per step at width 4, and only
+  // plans' fixed kernels compile its batched step. Without a winner tuned with the
+  // call's features the shape's other winners serve (the dispatcher ranks a feature
+  // mismatch below a shape match).
+  c.features = (p.bias ? kBias : 0u) | (p.silu ? kSilu : 0u) | (p.conv_state_indices ? kPool : 0u) |
+               (p.state_len == a.width ? kWidthState : 0u);
   c.align = upd_alignment(a);
   return c;
 }
