@@ -159,7 +159,7 @@ from cc1d._runtime import runtime   # sets the package dir to the installed pack
 rt = runtime()
 logs = []
 rt.set_log_handler(logs.append)
-a = json.loads(sys.argv[1])
+a = json.loads(sys.stdin.read())
 if a["package_dir"]:
     rt.set_package_dir(a["package_dir"])
 out = []
@@ -178,8 +178,8 @@ def explain_in_fresh_process(calls, arch, tmp_path, package_dir=None) -> dict:
     folder, so only the shipped DB (then the catalog) can answer."""
     env = {**os.environ, "CC1D_CACHE_DIR": str(tmp_path / "cache"), "CC1D_TUNING_DB": "", "CC1D_LOG": ""}
     env.pop("CC1D_PACKAGE_DIR", None)
-    r = subprocess.run([sys.executable, "-P", "-c", _EXPLAIN,
-                        json.dumps(dict(calls=calls, arch=arch, package_dir=package_dir and str(package_dir)))],
+    r = subprocess.run([sys.executable, "-P", "-c", _EXPLAIN],
+                       input=json.dumps(dict(calls=calls, arch=arch, package_dir=package_dir and str(package_dir))),
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.splitlines()[-1])
@@ -225,3 +225,46 @@ def test_a_db_in_the_package_dir_serves_the_dispatcher(tmp_path):
     # another arch does not read it
     other = explain_in_fresh_process(calls[:1], "sm_80", tmp_path, package_dir=tmp_path / "pkg")
     assert (other["explained"][0]["reason"], other["explained"][0]["source"]) == ("default", "catalog")
+
+
+def _shape_of(family_key: str, batch: int, dim: int, seqlen: int, feats: set):
+    from cc1d.tuner.shapes import Shape
+    fam = family_from_key(family_key)
+    return Shape(fam.op, fam.layout, fam.x_dtype, fam.w_dtype, fam.width, batch, dim, seqlen, bias="bias" in feats,
+                 activation="silu" if "silu" in feats else "none", seq_idx="seqidx" in feats,
+                 initial_states="init" in feats, final_states="final" in feats, state_indices="pool" in feats,
+                 width_state="wstate" in feats)
+
+
+def test_the_tuners_served_winner_is_the_dispatchers_pick(tmp_path):
+    """`cc1d-tune --start-from` starts a shape from the winner the dispatcher serves its calls
+    (tuner/search.py served_winner, the rule of docs/DISPATCH.md in Python). Calls near the
+    shipped shapes, some with a feature more or less, get the same winner from the runtime
+    (calls midway between two shapes, decided by rounding, are left out)."""
+    import math
+
+    from cc1d.tuner.search import served_winner
+    shipped = REPO / "tuning_db" / "sm_90.db"
+    with TuningDB(shipped, readonly=True) as db:
+        winners = db.winners("sm_90")
+        probes, expected = [], []
+        for w in winners:
+            feats = {f for f in w["features"].split(",") if f}
+            alt = feats ^ ({"wstate"} if w["op"] == "upd" else {"bias"})
+            for b, d, n, f in ((w["batch"] * 3, w["dim"], w["seqlen"], feats),
+                               (w["batch"], w["dim"] * 3 // 2, w["seqlen"], feats),
+                               (w["batch"], w["dim"], w["seqlen"], alt)):
+                shape = _shape_of(w["family_key"], b, d, n, f)
+                ranks = sorted((len(f ^ {x for x in r["features"].split(",") if x}),
+                                abs(math.log(b * n) - math.log(r["batch"] * r["seqlen"])) +
+                                abs(math.log(d) - math.log(r["dim"])))
+                               for r in winners if r["family_key"] == w["family_key"])
+                if len(ranks) > 1 and ranks[0][0] == ranks[1][0] and abs(ranks[0][1] - ranks[1][1]) < 1e-9:
+                    continue  # a midpoint: the runtime's rounding decides
+                probes.append(call_for(w["family_key"], b, d, n, ",".join(sorted(f))))
+                expected.append((w["family_key"], shape.key(), served_winner(db, "sm_90", shape)["variant_key"]))
+    assert len(probes) > 2 * len(winners)
+    res = explain_in_fresh_process(probes, "sm_90", tmp_path, package_dir=REPO)
+    wrong = [f"{fam} {key}: tuner {want}, runtime {e['key']} ({e['reason']} {e['matched_shape']})"
+             for (fam, key, want), e in zip(expected, res["explained"]) if e["key"] != want]
+    assert not wrong, "\n".join(wrong[:20])
