@@ -241,9 +241,7 @@ def test_the_tuners_served_winner_is_the_dispatchers_pick(tmp_path):
     (tuner/search.py served_winner, the rule of docs/DISPATCH.md in Python). Calls near the
     shipped shapes, some with a feature more or less, get the same winner from the runtime
     (calls midway between two shapes, decided by rounding, are left out)."""
-    import math
-
-    from cc1d.tuner.search import served_winner
+    from cc1d.tuner.search import dispatch_rank, served_winner
     shipped = REPO / "tuning_db" / "sm_90.db"
     with TuningDB(shipped, readonly=True) as db:
         winners = db.winners("sm_90")
@@ -255,10 +253,7 @@ def test_the_tuners_served_winner_is_the_dispatchers_pick(tmp_path):
                                (w["batch"], w["dim"] * 3 // 2, w["seqlen"], feats),
                                (w["batch"], w["dim"], w["seqlen"], alt)):
                 shape = _shape_of(w["family_key"], b, d, n, f)
-                ranks = sorted((len(f ^ {x for x in r["features"].split(",") if x}),
-                                abs(math.log(b * n) - math.log(r["batch"] * r["seqlen"])) +
-                                abs(math.log(d) - math.log(r["dim"])))
-                               for r in winners if r["family_key"] == w["family_key"])
+                ranks = sorted(dispatch_rank(shape, r) for r in winners if r["family_key"] == w["family_key"])
                 if len(ranks) > 1 and ranks[0][0] == ranks[1][0] and abs(ranks[0][1] - ranks[1][1]) < 1e-9:
                     continue  # a midpoint: the runtime's rounding decides
                 probes.append(call_for(w["family_key"], b, d, n, ",".join(sorted(f))))

@@ -101,34 +101,38 @@ def test_indices_allow_a_pool_of_any_size(rt):
     assert rt.explain_upd(*a, arch=ARCH)["key"].startswith("upd.cl.bf16wf32.w4.")
 
 
+def b4_winners_db(path, arch, fam, entries) -> str:
+    """A tuning DB at `path` holding, for each (variant, features) of `entries`, that
+    variant as the winner of shape b4.d64.l1 with those features."""
+    from cc1d.tuner.db import TuningDB
+    with TuningDB(path) as db:
+        for v, feats in entries:
+            db.put_winner(v.source, arch=arch, family_key=fam.key(), shape_key=".".join(["b4.d64.l1", *feats]),
+                          op="upd", batch=4, dim=64, seqlen=1, features=",".join(feats), variant_key=v.key(),
+                          config=v.params, source_hash=v.hash(), **v.geometry(), time_us=3.0,
+                          environment={"device": "test"})
+    return str(path)
+
+
 def test_indices_are_a_tuned_feature_with_fallback_to_the_shape_without(rt, tmp_path):
     """conv_state_indices makes the call's shape key "...pool": a winner tuned with it serves
     such calls, one tuned without serves the others, and either serves both when alone."""
     from cc1d.generator import Variant
-    from cc1d.tuner.db import TuningDB
     fam = Family("upd", "cl", "bf16", "f32", 4)
     plain, pooled = [Variant.of(fam, **dict(c)) for c in (
         dict(threads=64, vec_bytes=8, rows=1, weights="first", max_regs=96),
         dict(threads=128, vec_bytes=8, rows=2, weights="first", max_regs=255))]
     arch = "sm_998"
 
-    def make(path, entries):
-        with TuningDB(path) as db:
-            for v, feats in entries:
-                db.put_winner(v.source, arch=arch, family_key=fam.key(), shape_key=".".join(["b4.d64.l1", *feats]),
-                              op="upd", batch=4, dim=64, seqlen=1, features=",".join(feats), variant_key=v.key(),
-                              config=v.params, source_hash=v.hash(), **v.geometry(), time_us=3.0,
-                              environment={"device": "test"})
-        return str(path)
-
     with_idx = args(sizes=(4, 64, 1, 3, 9, 4), ptrs=with_ptr(5, IDX))
-    rt.set_tuning_dbs([make(tmp_path / "both.db", [(plain, ("bias", "silu")), (pooled, ("bias", "silu", "pool"))])])
+    both = [(plain, ("bias", "silu")), (pooled, ("bias", "silu", "pool"))]
+    rt.set_tuning_dbs([b4_winners_db(tmp_path / "both.db", arch, fam, both)])
     e = rt.explain_upd(*with_idx, arch=arch)
     assert (e["shape"], e["reason"], e["key"]) == ("b4.d64.l1.bias.silu.pool", "exact", pooled.key())
     e = rt.explain_upd(*args(), arch=arch)
     assert (e["shape"], e["reason"], e["key"]) == ("b4.d64.l1.bias.silu", "exact", plain.key())
     for alone, feats, call in ((plain, ("bias", "silu"), with_idx), (pooled, ("bias", "silu", "pool"), args())):
-        rt.set_tuning_dbs([make(tmp_path / f"{alone.key()}.db", [(alone, feats)])])
+        rt.set_tuning_dbs([b4_winners_db(tmp_path / f"{alone.key()}.db", arch, fam, [(alone, feats)])])
         rt.clear_dispatch_cache()
         e = rt.explain_upd(*call, arch=arch)
         assert (e["reason"], e["key"]) == ("nearest", alone.key())
@@ -140,32 +144,23 @@ def test_states_of_width_entries_are_a_tuned_feature_with_fallback(rt, tmp_path)
     the width-1 winner is there; without it, such calls get the width-1 winner (what they
     ran before the feature), a longer state gets no "wstate" at all."""
     from cc1d.generator import Variant
-    from cc1d.tuner.db import TuningDB
     fam = Family("upd", "cf", "bf16", "f32", 4)
     narrow, wide = [Variant.of(fam, **dict(c)) for c in (
         dict(threads=64, vec_bytes=8, rows=1, weights="first", max_regs=96),
         dict(threads=128, vec_bytes=4, rows=2, weights="after", max_regs=255))]
     arch = "sm_997"
 
-    def make(path, entries):
-        with TuningDB(path) as db:
-            for v, feats in entries:
-                db.put_winner(v.source, arch=arch, family_key=fam.key(), shape_key=".".join(["b4.d64.l1", *feats]),
-                              op="upd", batch=4, dim=64, seqlen=1, features=",".join(feats), variant_key=v.key(),
-                              config=v.params, source_hash=v.hash(), **v.geometry(), time_us=3.0,
-                              environment={"device": "test"})
-        return str(path)
-
     width_state = args(sizes=(4, 64, 1, 4, 4, 4), layout="cf")
     longer = args(sizes=(4, 64, 1, 6, 4, 4), layout="cf")
     plain = args(layout="cf")
-    rt.set_tuning_dbs([make(tmp_path / "both.db", [(narrow, ("bias", "silu")), (wide, ("bias", "silu", "wstate"))])])
+    both = [(narrow, ("bias", "silu")), (wide, ("bias", "silu", "wstate"))]
+    rt.set_tuning_dbs([b4_winners_db(tmp_path / "both.db", arch, fam, both)])
     e = rt.explain_upd(*width_state, arch=arch)
     assert (e["shape"], e["reason"], e["key"]) == ("b4.d64.l1.bias.silu.wstate", "exact", wide.key())
     for call in (plain, longer):
         e = rt.explain_upd(*call, arch=arch)
         assert (e["shape"], e["reason"], e["key"]) == ("b4.d64.l1.bias.silu", "exact", narrow.key())
-    rt.set_tuning_dbs([make(tmp_path / "narrow.db", [(narrow, ("bias", "silu"))])])
+    rt.set_tuning_dbs([b4_winners_db(tmp_path / "narrow.db", arch, fam, [(narrow, ("bias", "silu"))])])
     rt.clear_dispatch_cache()
     e = rt.explain_upd(*width_state, arch=arch)
     assert (e["reason"], e["key"]) == ("nearest", narrow.key())

@@ -426,24 +426,24 @@ def timing_method_of(row: dict) -> int | None:
     return env.get("timing_method") if isinstance(env, dict) else None
 
 
+def dispatch_rank(shape: Shape, row: dict) -> tuple[int, float]:
+    """How the dispatcher ranks a winners-table row of the shape's family for the shape's
+    calls (docs/DISPATCH.md), lowest first: differing features, then the distance."""
+    theirs = set(filter(None, row["features"].split(",")))
+    dist = abs(math.log(shape.batch * shape.seqlen) - math.log(row["batch"] * row["seqlen"])) + \
+        abs(math.log(shape.dim) - math.log(row["dim"]))
+    return len(set(shape.features()) ^ theirs), dist
+
+
 def served_winner(db: TuningDB, arch: str, shape: Shape) -> dict | None:
-    """The winner of `db` that the dispatcher would serve the shape's calls from it
-    (docs/DISPATCH.md): the exact one, else the nearest of the family by its distance,
-    the fewest differing features first (alignment aside: the tuner's inputs are fresh,
-    256-byte aligned allocations)."""
+    """The winner of `db` that the dispatcher would serve the shape's calls from it: the
+    exact one, else the lowest dispatch_rank of the family (alignment aside: the tuner's
+    inputs are fresh, 256-byte aligned allocations)."""
     exact = db.winner(arch, shape.family().key(), shape.key())
     if exact is not None:
         return exact
-    feats = set(shape.features())
-
-    def rank(row: dict) -> tuple[int, float]:
-        theirs = set(filter(None, row["features"].split(",")))
-        dist = abs(math.log(shape.batch * shape.seqlen) - math.log(row["batch"] * row["seqlen"])) + \
-            abs(math.log(shape.dim) - math.log(row["dim"]))
-        return len(feats ^ theirs), dist
-
     rows = [r for r in db.winners(arch) if r["family_key"] == shape.family().key()]
-    return min(rows, key=rank) if rows else None
+    return min(rows, key=lambda r: dispatch_rank(shape, r)) if rows else None
 
 
 def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB]) -> list[dict]:
