@@ -438,10 +438,17 @@ from .space_upd import UPD_CF, UPD_CL  # noqa: E402  (builds on the helpers abov
 # tunables (channel-first: up to 4 vectors a thread), constraints, defaults and
 # geometry as the forward. The shipped DB has cc1d-tune's winners for bench_varlen's shapes.
 
+# Channel-first adds where each sequence's first outputs are mended: "kernel" (the second
+# kernel, a pass of its own over scattered sectors of x and out) or "tile" (the tile that
+# stored them, after a barrier, while they are in cache; its blocks then wait on the
+# initial state's read). On the H100 (session 45) "tile" took 64 sequences of 16384
+# tokens from 173 to 145 us and 65536 tokens from 512 to 668: tuned per shape.
 VFWD_CF = Space(op="vfwd", layout="cf", template="varlen_channel_first.cu.j2",
                 params=tuple(Param(p.name, p.abbrev, (1, 2, 4), p.doc) if p.name == "nvec" else p
-                             for p in FWD_CF.params),
-                constraints=FWD_CF.constraints, preferred=FWD_CF.preferred, geometry=_cf_geometry)
+                             for p in FWD_CF.params)
+                + (Param("mend", "m", ("kernel", "tile"), "who mends each sequence's first outputs"),),
+                constraints=FWD_CF.constraints,
+                preferred=tuple({**d, "mend": "kernel"} for d in FWD_CF.preferred), geometry=_cf_geometry)
 VFWD_CL = Space(op="vfwd", layout="cl", template="varlen_channel_last.cu.j2", params=FWD_CL.params,
                 constraints=FWD_CL.constraints, preferred=FWD_CL.preferred, geometry=_cl_geometry)
 

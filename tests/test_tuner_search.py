@@ -13,7 +13,8 @@ import pytest
 
 from cc1d.generator import arch_info, default_variant, variants
 from cc1d.tuner.db import TuningDB
-from cc1d.tuner.search import SearchConfig, _BruteForce, make_sampler, simplicity, start_configs, tune_shape
+from cc1d.tuner.search import (SearchConfig, _BruteForce, make_sampler, simplicity, start_configs, tune_shape,
+                               with_added_params)
 from cc1d.tuner.shapes import parse_shapes
 from cc1d.tuner.testing import FakeEvaluator, fake_time_us
 
@@ -301,6 +302,23 @@ def test_start_from_tries_a_winner_whose_source_the_templates_changed(db, tmp_pa
     ev = FakeEvaluator()
     tune_shape(CF, ARCH, ev, db, SearchConfig(trials=3), start_configs=starts)
     assert ev.compiled[:2] == [default.key(), fastest.key()]
+
+
+def test_start_from_completes_a_config_stored_before_a_tunable_was_added(tmp_path):
+    """vfwd channel-first gained "mend" in session 45: a winner stored before names its
+    kernel without it. It starts the re-tune with the tunable's default ("kernel", what it
+    always ran); a config with a value the space lacks is still left out."""
+    shape = parse_shapes([{"op": "vfwd", "layout": "cf", "dtypes": "bf16", "batch": 8, "dim": 5120,
+                           "seqlen": 16384}])[0]
+    v = list(variants(shape.family(), arch_info(ARCH)))[5]
+    old_config = {k: val for k, val in v.params.items() if k != "mend"}
+    assert with_added_params(shape.family(), old_config) == {**old_config, "mend": "kernel"}
+    with TuningDB(tmp_path / "old.db") as old:
+        _store_winner(old, shape, v)
+        old.conn.execute("UPDATE winners SET config = ?", (json.dumps(old_config),))
+        assert start_configs(shape, ARCH, [old]) == [{**old_config, "mend": "kernel"}]
+        old.conn.execute("UPDATE winners SET config = ?", (json.dumps({**old_config, "nvec": 3}),))
+        assert start_configs(shape, ARCH, [old]) == []
 
 
 def test_start_from_gives_an_untuned_shape_the_winner_its_calls_ran(tmp_path):

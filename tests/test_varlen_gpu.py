@@ -164,12 +164,20 @@ def test_without_state_pool_and_int32_flags(layout):
     assert torch.equal(bits(case["conv_states"]), bits(want_pool))
 
 
+# More sequences than any block has threads (mend "tile" then searches cu_seqlens), of
+# 0 to 40 tokens: many starts in every tile, some just before a tile's first position.
+MANY_LENS = [random.Random(7).randint(0, 40) for _ in range(300)]
+
+
 def _variant_cases(variant):
     fam = variant.family
     align = variant.geometry()["align_bytes"] // fam.x_bytes
+    shapes = [(1, 96, LENS), (2, 131, [3, 0, 517, 2, 1031])]
+    if variant.params.get("mend") == "tile":
+        shapes.append((3, 40, MANY_LENS))
     return [make_case(s, width=fam.width, x_dtype=fam.x_dtype, w_dtype=fam.w_dtype, layout=fam.layout,
                       align=align, dim=dim, lens=lens, silu=s % 2 == 0, bias=s % 3 != 0)
-            for s, dim, lens in ((1, 96, LENS), (2, 131, [3, 0, 517, 2, 1031]))]
+            for s, dim, lens in shapes]
 
 
 def _launch(rt, variant, case, max_seqlen=0):

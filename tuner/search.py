@@ -446,6 +446,17 @@ def served_winner(db: TuningDB, arch: str, shape: Shape) -> dict | None:
     return min(rows, key=lambda r: dispatch_rank(shape, r)) if rows else None
 
 
+def with_added_params(family: Family, config: dict) -> dict:
+    """A stored config from before a tunable was added to its space, with the tunable's
+    default (its value in the first preferred config): a tunable is added with the kernel
+    it had before as its default (vfwd channel-first's "mend", session 45), so the config
+    names the kernel it always did."""
+    preferred = space_for(family).preferred[0]
+    missing = {p.name: preferred[p.name] for p in space_for(family).params
+               if p.name not in config and p.name in preferred}
+    return {**config, **missing}
+
+
 def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB]) -> list[dict]:
     """The configs of the winners these DBs serve the shape's calls (served_winner: the
     shape's own, else the nearest, which its calls ran until it is tuned) that this
@@ -454,13 +465,13 @@ def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB]) -> list[dict
     missed by the search, and it is kept only if it wins again; a new shape is measured
     against the kernel its calls ran. A winner whose source the templates have changed
     since counts too (the usual reason to re-tune): its config renders to today's kernel,
-    which is what gets timed. Winners of another generator epoch do not (their params may
-    mean something else)."""
+    which is what gets timed, a tunable added since taking its default (with_added_params).
+    Winners of another generator epoch do not (their params may mean something else)."""
     out = []
     for db in dbs:
         row = served_winner(db, arch, shape)
         if row is not None and row["epoch"] == EPOCH:
-            cfg = json.loads(row["config"])
+            cfg = with_added_params(shape.family(), json.loads(row["config"]))
             try:
                 usable = Variant.of(shape.family(), **cfg).why_invalid(arch) is None
             except (TypeError, ValueError, KeyError):

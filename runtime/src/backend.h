@@ -21,8 +21,7 @@ struct Functions {
   // cc1d_kernel waits for the previous kernel in the stream itself (CUDA
   // griddepcontrol.wait; the module exports cc1d_waits_for_previous_grid), so it
   // may be launched before that kernel ends. Every op passes it to its cc1d_kernel
-  // launch, and the backward to its cc1d_reduce too (which waits as well); varlen's
-  // cc1d_reduce (the mend) is launched plainly.
+  // launch, and the backward to its cc1d_reduce too (which waits as well).
   bool waits_for_previous = false;
   // With one split the backward's cc1d_kernel writes dweight/dbias itself, and no
   // cc1d_reduce is to run (the module exports cc1d_writes_one_split_sums).
@@ -30,6 +29,11 @@ struct Functions {
   // The channel-last forward's grid is (channel groups, chunks of rows, batch), not
   // (chunks, groups, batch) (the module exports cc1d_cl_groups_first_grid).
   bool cl_groups_first_grid = false;
+  // Varlen's cc1d_reduce (the mend) loads before it waits for cc1d_kernel and stores
+  // after, so it may be launched before cc1d_kernel ends (the module exports
+  // cc1d_mend_waits_for_previous_grid). A mend without the marker (HIP, or a source
+  // from an older tuning DB) stores without waiting: launched plainly.
+  bool mend_waits = false;
 };
 
 class Backend {

@@ -158,7 +158,7 @@ struct Module {
 
 // Whether the module exports a marker (a global the templates define to say what its
 // kernels do, Functions): cc1d_waits_for_previous_grid, cc1d_writes_one_split_sums,
-// cc1d_cl_groups_first_grid.
+// cc1d_cl_groups_first_grid, cc1d_mend_waits_for_previous_grid.
 bool exports(const Driver& d, CUmodule mod, const char* marker) {
   CUdeviceptr address = 0;
   size_t bytes = 0;
@@ -308,7 +308,8 @@ class CudaBackend final : public Backend {
                       "kernel " + hash + " asks for " + std::to_string(smem_bytes) + " bytes of shared memory");
     if (with_reduce) CC1D_CUDA_CHECK(d.cuModuleGetFunction(&reduce, mod, "cc1d_reduce"), "kernel " + hash);
     l.functions = {kernel, reduce, exports(d, mod, "cc1d_waits_for_previous_grid"),
-                   exports(d, mod, "cc1d_writes_one_split_sums"), exports(d, mod, "cc1d_cl_groups_first_grid")};
+                   exports(d, mod, "cc1d_writes_one_split_sums"), exports(d, mod, "cc1d_cl_groups_first_grid"),
+                   exports(d, mod, "cc1d_mend_waits_for_previous_grid")};
     if (l.functions.waits_for_previous) {
       early_kernels_.insert(kernel);
       if (reduce) early_kernels_.insert(reduce);

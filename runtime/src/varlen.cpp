@@ -82,11 +82,17 @@ void launch_on(const Location& l, const KernelVariant& v, const Functions& f, co
     }
   }
   if (p.num_seqs > 0) {
-    // Same stream: runs after cc1d_kernel has written every output it mends.
+    // Same stream, after cc1d_kernel. Launched early behind it where the mend says it
+    // waits (Functions::mend_waits): its loads read nothing cc1d_kernel writes and come
+    // before its wait for the grid ahead, its stores after (varlen_common.cuh.j2), so
+    // the loads overlap the forward's last wave. Without a cc1d_kernel ahead (states
+    // only) the grid ahead may be the one writing x: plainly.
+    const bool after_forward = p.out != nullptr && p.total_tokens > 0;
     const Dim3 mend{grid_dim(p.dim, int(kMendThreads), max.x),
                     grid_dim(p.num_seqs, 1, unsigned(std::min<int64_t>(max.y, kMaxGridYZ))), 1};
     VarlenParams params = p;
-    backend->launch(f.reduce, mend, Dim3{kMendThreads, 1, 1}, 0, a.stream, &params, sizeof params, /*early=*/false);
+    backend->launch(f.reduce, mend, Dim3{kMendThreads, 1, 1}, 0, a.stream, &params, sizeof params,
+                    after_forward && f.mend_waits);
   }
 }
 

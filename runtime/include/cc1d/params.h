@@ -70,8 +70,9 @@ static_assert(sizeof(BwdParams) == 43 * 8, "BwdParams must stay 8-byte fields on
 // tensor, sequence i at tokens [cu_seqlens[i], cu_seqlens[i+1]). Two kernels
 // (runtime/src/varlen.cpp): `cc1d_kernel` convolves the packed stream as one
 // sequence (the forward's tiles; channel-last: the forward's kernel, launched with
-// FwdParams; channel-first: takes VarlenParams and runs the forward's tiles), then
-// `cc1d_reduce`, grid (channel blocks, sequences), mends each sequence; no device
+// FwdParams; channel-first: takes VarlenParams and runs the forward's tiles, and
+// with the tunable mend "tile" rewrites the first outputs of the sequences starting in
+// them), then `cc1d_reduce`, grid (channel blocks, sequences), mends each sequence; no device
 // value sizes a grid. max_seqlen is a host bound the kernels no longer need.
 // Sequence i starts from the last width-1 columns of its state-pool row
 // when has_initial_state[i] (zeros otherwise) and writes the last state_len inputs
