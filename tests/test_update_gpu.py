@@ -577,12 +577,23 @@ def _fixed_case(i):
     return layout, xd, wd, width, mode, seqlen, state_len, batch, dim
 
 
+def _generic(rt, x, state, w, b, silu, cache_seqlens, indices, accepted):
+    """The dispatcher's variant for the call, its generic kernel (launch_upd, not as a plan):
+    what the fixed kernels are held to. (The plain entry, update._update_impl, launches it
+    too, except for steps on states of width entries, which take the fixed kernel.)"""
+    from cc1d import update
+    out = update._new_out(x)
+    args = update._upd_call_args(x, state, w, b, cache_seqlens, indices, accepted, out, -1, silu)
+    stream = torch.cuda.current_stream().cuda_stream
+    rt.launch_upd(rt.select_upd(*args, stream, ""), *args, stream, as_plan=False)
+    return out
+
+
 @pytest.mark.parametrize("i", range(16))
-def test_a_plans_fixed_kernel_equals_the_generic_kernel_bit_for_bit(i, monkeypatch):
+def test_a_plans_fixed_kernel_equals_the_generic_kernel_bit_for_bit(i, rt, monkeypatch):
     """Eager calls run through plans, which launch their variant compiled with the call's
-    sizes and strides as constants (one more module load); the runtime's plain entry
-    (update._update_impl, no plan) launches the generic kernel. With
-    NaN-poisoned outputs both agree bit for bit, and with the reference."""
+    sizes and strides as constants (one more module load); the generic kernel takes them
+    at run time. With NaN-poisoned outputs both agree bit for bit, and with the reference."""
     from cc1d import update
     layout, xd, wd, width, mode, seqlen, state_len, batch, dim = _fixed_case(i)
     pool = batch + 3
@@ -602,8 +613,8 @@ def test_a_plans_fixed_kernel_equals_the_generic_kernel_bit_for_bit(i, monkeypat
     update._UPD_PLANS.clear()
     want_out, want_state = reference(x, state, w, b, **kw)
     s_generic = state.clone()
-    generic = update._update_impl(x, s_generic, w, b, kw["activation"] is not None, kw.get("cache_seqlens"),
-                                  kw.get("conv_state_indices"), kw.get("num_accepted_tokens"), -1)
+    generic = _generic(rt, x, s_generic, w, b, kw["activation"] is not None, kw.get("cache_seqlens"),
+                       kw.get("conv_state_indices"), kw.get("num_accepted_tokens"))
     torch.cuda.synchronize()
     before = cc1d.dispatch_stats()
     fixed = cc1d.causal_conv1d_update(x, state, w, b, **kw)
@@ -614,6 +625,33 @@ def test_a_plans_fixed_kernel_equals_the_generic_kernel_bit_for_bit(i, monkeypat
     again = cc1d.causal_conv1d_update(x, s_generic, w, b, **kw)  # the second call: planned, loaded
     assert cc1d.dispatch_stats()["loads"] == before["loads"] + 1
     assert not torch.isnan(again).any()
+
+
+@pytest.mark.parametrize("layout", ["cf", "cl"])
+def test_a_one_shot_step_on_width_entry_states_runs_the_fixed_kernel(rt, layout, monkeypatch):
+    """The runtime's plain entry (causal_conv1d_update, no plan; update._update_impl) runs a
+    one-token step on states of width entries through the fixed kernel a plan would launch:
+    the generic kernel has no batched step for them and takes them row by row. Its first
+    call loads it, a plan then finds it loaded; the results equal the generic kernel's bit
+    for bit and the reference."""
+    from cc1d import update
+    monkeypatch.setattr(update, "_new_out", lambda t: torch.full_like(t, float("nan")))
+    x, state, w, b = make(48, 2056, 1, 4, 4, "bf16", "bf16", layout=layout, seed=91)
+    update._UPD_PLANS.clear()
+    s_generic, s_one = state.clone(), state.clone()
+    want_out, want_state = reference(x, state, w, b, activation="silu")
+    generic = _generic(rt, x, s_generic, w, b, True, None, None, None)  # loads the generic kernel
+    torch.cuda.synchronize()
+    before = cc1d.dispatch_stats()
+    one = update._update_impl(x, s_one, w, b, True, None, None, None, -1)
+    torch.cuda.synchronize()
+    assert cc1d.dispatch_stats()["loads"] == before["loads"] + 1, "the one-shot call did not load the fixed kernel"
+    assert torch.equal(_bits(one), _bits(generic)) and torch.equal(_bits(s_one), _bits(s_generic))
+    assert rel_l2(one, want_out) < TOL[x.dtype] and torch.equal(s_one, want_state)
+    planned = cc1d.causal_conv1d_update(x, state, w, b, activation="silu")
+    torch.cuda.synchronize()
+    assert cc1d.dispatch_stats()["loads"] == before["loads"] + 1, "the plan loaded another kernel"
+    assert torch.equal(_bits(planned), _bits(one)) and torch.equal(_bits(state), _bits(s_one))
 
 
 @pytest.mark.parametrize("layout", ["cl", "cf"])

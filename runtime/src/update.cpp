@@ -62,13 +62,21 @@ void launch_on(const Location& l, const KernelVariant& v, const Functions& f, co
 // Update plans launch a fixed kernel (dispatch.h; upd.cu.j2, CC1D_UPD_FIXED): every
 // size and stride but batch and pool as constants, which at decode sizes saves much
 // of a launch's time; batch and pool stay run-time values, so one fixed kernel
-// serves every batch size of a layer. Plans launch it (and prepare_upd loads it)
-// unless CC1D_UPD_GENERIC=1.
+// serves every batch size of a layer. Plans launch it (and prepare_upd loads it), and so
+// do one-shot steps on width-entry states (width_state_step), unless CC1D_UPD_GENERIC=1.
 
 // Which optional inputs a call has: bias, cache_seqlens, conv_state_indices, num_accepted_tokens.
 unsigned optional_inputs(const UpdParams& p) {
   return (p.bias ? 1u : 0u) | (p.cache_seqlens ? 2u : 0u) | (p.conv_state_indices ? 4u : 0u) |
          (p.num_accepted_tokens ? 8u : 0u);
+}
+
+// A decode step on states of width entries (HF transformers' caches): the generic kernels
+// compile the batched step for width-1 states only (upd.cu.j2, CC1D_UPD_FAST_STATE_LEN) and
+// take such rows one by one (H100, batch 256: 68 against 10 us).
+bool width_state_step(const UpdArgs& a) {
+  const UpdParams& p = a.p;
+  return p.seqlen == 1 && p.state_len == a.width && p.cache_seqlens == nullptr && p.num_accepted_tokens == nullptr;
 }
 
 }  // namespace
@@ -111,6 +119,15 @@ void causal_conv1d_update(const UpdArgs& args) {
   if (l.device < 0) throw_no_device(args.p.x);
   Functions f;
   const std::shared_ptr<const Decision> d = decide_loaded(upd_call(args, layout), l, /*with_reduce=*/false, &f);
+  // A step on width-entry states takes the fixed kernel an UpdPlan would (compiled once per
+  // layer's signature, then found loaded), which has that batched step; the generic kernel
+  // serves where plans launch none (CC1D_UPD_GENERIC=1), where it failed to build, and
+  // during a capture that would have to load it (nothing is loaded then).
+  if (env().upd_fixed && width_state_step(args)) {
+    const Functions fixed =
+        fixed_functions(*d->variant, l, upd_fixed_options(args), !l.backend->stream_capturing(args.stream));
+    if (fixed.kernel) f = fixed;
+  }
   launch_on(l, *d->variant, f, args);
 }
 

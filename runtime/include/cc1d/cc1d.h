@@ -318,7 +318,8 @@ void launch_varlen(const KernelVariant& v, const VarlenArgs& args);
 // its outputs are 0 and no state is read or written. Rows naming one slot run
 // one after another in batch order (each sees the state the previous left).
 // Variants: family upd.<cf|cl>.<x>w<w>.w<width>; the layout is conv_state's
-// (cl: st_dim_stride == 1). Dispatch features: bias, silu.
+// (cl: st_dim_stride == 1). Dispatch features: bias, silu, pool (conv_state_indices),
+// wstate (state_len == width).
 struct UpdArgs {
   UpdParams p{};               // pointers, sizes, strides (elements), pad_slot_id, silu
   DType x_dtype = DType::f32;  // x, out, conv_state
@@ -328,9 +329,12 @@ struct UpdArgs {
 };
 
 // Checks (InvalidArgument / TypeMismatch naming the field), decides (memoised)
-// and launches one kernel. Allocates and synchronises nothing once loaded.
-// cache_seqlens and num_accepted_tokens exclude each other; out must not
-// overlap x or conv_state.
+// and launches one kernel: the variant's generic kernel, except for a one-token step
+// on states of width entries (state_len == width, no cache_seqlens or
+// num_accepted_tokens), which takes the fixed kernel an UpdPlan launches (its batched
+// step; compiled on the first such call of a signature). Allocates and synchronises
+// nothing once loaded. cache_seqlens and num_accepted_tokens exclude each other; out
+// must not overlap x or conv_state.
 void causal_conv1d_update(const UpdArgs& args);
 KernelVariant select_upd(const UpdArgs& args, const std::string& arch = "");
 Explanation explain_upd(const UpdArgs& args, const std::string& arch = "");
