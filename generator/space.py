@@ -441,8 +441,9 @@ from .space_upd import UPD_CF, UPD_CL  # noqa: E402  (builds on the helpers abov
 # Channel-first adds where each sequence's first outputs are mended: "kernel" (the second
 # kernel, a pass of its own over scattered sectors of x and out) or "tile" (the tile that
 # stored them, after a barrier, while they are in cache; its blocks then wait on the
-# initial state's read). On the H100 (session 45) "tile" took 64 sequences of 16384
-# tokens from 173 to 145 us and 65536 tokens from 512 to 668: tuned per shape.
+# initial state's read). On the H100 (session 45, the shipped configs with either) "tile"
+# took 64 sequences of 16384 tokens from 173 to 145 us, and 64 of 65536 from 512 to 668:
+# tuned per shape.
 VFWD_CF = Space(op="vfwd", layout="cf", template="varlen_channel_first.cu.j2",
                 params=tuple(Param(p.name, p.abbrev, (1, 2, 4), p.doc) if p.name == "nvec" else p
                              for p in FWD_CF.params)
