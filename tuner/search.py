@@ -451,9 +451,9 @@ def with_added_params(family: Family, config: dict) -> dict:
     default (its value in the first preferred config): a tunable is added with the kernel
     it had before as its default (vfwd channel-first's "mend", session 45), so the config
     names the kernel it always did."""
-    preferred = space_for(family).preferred[0]
-    missing = {p.name: preferred[p.name] for p in space_for(family).params
-               if p.name not in config and p.name in preferred}
+    space = space_for(family)
+    preferred = space.preferred[0]
+    missing = {p.name: preferred[p.name] for p in space.params if p.name not in config and p.name in preferred}
     return {**config, **missing}
 
 
