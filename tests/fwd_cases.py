@@ -120,9 +120,10 @@ def assert_close(name: str, got: torch.Tensor, want: torch.Tensor, x_dtype: str)
     assert err == err and err <= TOLERANCE[x_dtype], f"{name}: relative L2 error {err:.3e}"
 
 
-def launch_variant(rt, variant, case: Case, inp: dict, runtime_dict: dict | None = None):
+def launch_variant(rt, variant, case: Case, inp: dict, runtime_dict: dict | None = None, as_plan: bool = False):
     """Run exactly one generated variant (or `runtime_dict`, its runtime fields with
-    another source) on poisoned outputs; returns (out, final_states)."""
+    another source) on poisoned outputs: its generic kernel, or with `as_plan` the one a
+    plan for the call launches (launch_fwd); returns (out, final_states)."""
     x, w = inp["x"], inp["weight"]
     out = poisoned(x.shape, x.dtype, case.layout, case.align)
     fs = poisoned((case.batch, case.dim, case.width - 1), x.dtype) if case.final else None
@@ -135,6 +136,6 @@ def launch_variant(rt, variant, case: Case, inp: dict, runtime_dict: dict | None
                   (x.data_ptr(), w.data_ptr(), ptr(b), ptr(s), ptr(i), out.data_ptr(), ptr(fs)),
                   (case.batch, case.dim, case.seqlen, case.width), strides,
                   DTYPE_CODES[case.x_dtype], DTYPE_CODES[case.w_dtype], case.silu,
-                  torch.cuda.current_stream().cuda_stream)
+                  torch.cuda.current_stream().cuda_stream, as_plan=as_plan)
     torch.cuda.synchronize()
     return out, fs

@@ -1,8 +1,9 @@
 """GPU: forward plans' fixed kernels (the variant compiled with the call's dim, activation,
 optional inputs and the strides seqlen does not set as constants; fwd_fixed_options).
 A channel-last plan's first run launches the generic kernel, its second compiles and
-loads the fixed one; so does a channel-first plan from width 5, and below that it keeps
-the generic kernel. Every run agrees bit
+loads the fixed one; so does a channel-first plan from width 5 or with seq_idx, and other
+channel-first plans keep the generic kernel. Channel-first fixed kernels with seq_idx take
+full tiles through their own path: every covering and shipped variant is checked there. Every run agrees bit
 for bit with the runtime's plain entry, and with the float64 reference. Capture,
 warm-up and CC1D_FWD_GENERIC=1 (marker: gpu)."""
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import zlib
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +23,9 @@ pytestmark = [pytest.mark.gpu,
 import cc1d  # noqa: E402
 from cc1d import ops  # noqa: E402
 
-from fwd_cases import Case, assert_close, make_inputs, poisoned, reference  # noqa: E402
+from cc1d.generator.covering import all_covering  # noqa: E402
+from cc1d.tuner.db import TuningDB, winner_variant  # noqa: E402
+from fwd_cases import Case, assert_close, launch_variant, make_inputs, poisoned, reference  # noqa: E402
 
 PAIRS = (("f32", "f32"), ("f16", "f16"), ("f16", "f32"), ("bf16", "bf16"), ("bf16", "f32"))
 
@@ -71,9 +76,9 @@ def test_a_plans_fixed_kernel_equals_the_generic_kernel_bit_for_bit(i):
         runs.append(_api(case, inp, fs))
         torch.cuda.synchronize()
         runs[-1] += (cc1d.dispatch_stats()["loads"] - before["loads"],)
-    fixed = case.layout == "cl" or case.width >= 5  # the calls plans fix (forward.cpp, plans_fix)
+    fixed = case.layout == "cl" or case.width >= 5 or case.seq_idx  # the calls plans fix (forward.cpp, plans_fix)
     assert [r[2] for r in runs] == ([0, 1, 1] if fixed else [0, 0, 0]), \
-        "a channel-last (or channel-first width >= 5) plan's 2nd run loads its fixed kernel, once; others none"
+        "a channel-last (channel-first width >= 5 or with seq_idx) plan's 2nd run loads its fixed kernel, once"
     ref_out, ref_fs = reference(case, inp)
     for out, fs, _ in runs:
         assert torch.equal(_bits(out), _bits(generic)), case.id()
@@ -194,3 +199,64 @@ def test_cc1d_fwd_generic_turns_fixed_kernels_off(tmp_path):
 
     assert loads(CC1D_FWD_GENERIC="1") == ["1"]  # the generic kernel only
     assert loads() == ["2"]  # and the fixed one
+
+
+def _cf_variants():
+    """Every channel-first forward variant of the covering set and of the shipped DB's winners."""
+    chosen = {v.key(): v for v in all_covering("sm_90") if (v.family.op, v.family.layout) == ("fwd", "cf")}
+    with TuningDB(Path(__file__).resolve().parent.parent / "tuning_db" / "sm_90.db", readonly=True) as db:
+        for w in db.winners("sm_90"):
+            if w["op"] == "fwd" and w["family_key"].split(".")[1] == "cf":
+                v = winner_variant(w)
+                chosen.setdefault(v.key(), v)
+    return sorted(chosen.values(), key=lambda v: v.key())
+
+
+def _boundary_rich_seq_idx(batch, seqlen, gen):
+    """Increasing ids with ~5 % starts, a stretch where every other position or so starts a
+    sequence (boundaries inside every vector and halo), and ~10 % padding (-1)."""
+    p = torch.full((batch, seqlen), 0.05)
+    lo = int(torch.randint(0, max(1, seqlen - 300), (1,), generator=gen))
+    p[:, lo:lo + 300] = 0.5
+    starts = (torch.rand(batch, seqlen, generator=gen) < p).to(torch.int32)
+    starts[:, 0] = 0
+    ids = torch.cumsum(starts, dim=1).to(torch.int32)
+    return torch.where(torch.rand(batch, seqlen, generator=gen) < 0.1, torch.full_like(ids, -1), ids)
+
+
+def _seq_idx_on_device(ids, how):
+    """ids (batch, seqlen) on the GPU: contiguous (vector loads), every other element of a
+    wider buffer (seq_l_stride 2), or one element into a buffer (4-byte aligned only)."""
+    b, l = ids.shape
+    if how == "contiguous":
+        return ids.cuda()
+    if how == "strided":
+        buf = torch.full((b, 2 * l), 7, dtype=torch.int32, device="cuda")
+        buf[:, ::2] = ids.cuda()
+        return buf[:, ::2]
+    buf = torch.full((b, l + 1), 7, dtype=torch.int32, device="cuda")
+    buf[:, 1:] = ids.cuda()
+    return buf[:, 1:]
+
+
+@pytest.mark.parametrize("variant", _cf_variants(), ids=lambda v: v.key())
+def test_channel_first_fixed_kernels_with_seq_idx_match_reference(rt, variant):
+    """A plan's channel-first kernel with seq_idx, whose full tiles mask taps by sequence id
+    (fwd_cf_tiles.cuh.j2, cf_tile_full_seq): three full tiles and an edge per row, rows
+    past the last channel, boundaries inside vectors and halos, padding, and seq_idx
+    contiguous, strided and misaligned; against the float64 reference, outputs poisoned."""
+    f = variant.family
+    g = variant.geometry()
+    gen = torch.Generator().manual_seed(zlib.crc32(variant.key().encode()))
+    for k, how in enumerate(("contiguous", "strided", "misaligned")):
+        case = Case(layout="cf", x_dtype=f.x_dtype, w_dtype=f.w_dtype, width=f.width, batch=2,
+                    dim=2 * g["tile_d"] + 1, seqlen=3 * g["tile_l"] + 37 + 2 * k, bias=k != 1, silu=k != 2,
+                    seq_idx=True, states=k == 1, final=k == 2,
+                    align=g["align_bytes"] // f.x_bytes)
+        inp = make_inputs(case, seed=int(torch.randint(0, 1 << 30, (1,), generator=gen)))
+        inp["seq_idx"] = _seq_idx_on_device(_boundary_rich_seq_idx(case.batch, case.seqlen, gen), how)
+        out, fs = launch_variant(rt, variant, case, inp, as_plan=True)
+        ref_out, ref_fs = reference(case, inp)
+        assert_close(f"{variant.key()} {case.id()} seq_idx {how} out", out, ref_out, case.x_dtype)
+        if case.final:
+            assert_close(f"{variant.key()} {case.id()} final_states", fs, ref_fs, case.x_dtype)

@@ -23,10 +23,13 @@ def _fwd_family(layout, width):
                 (layout, "bf16", "bf16", width))
 
 
-def test_forward_plans_fix_channel_last_and_wide_channel_first_calls(rt):
+def test_forward_plans_fix_channel_last_wide_channel_first_and_seq_idx_calls(rt):
     assert rt.fwd_plan_fixes(*fixed_call(_fwd_family("cl", 2)))
     assert rt.fwd_plan_fixes(*fixed_call(_fwd_family("cl", 4), row_pad=8))
     assert not rt.fwd_plan_fixes(*fixed_call(_fwd_family("cf", 4)))
+    assert not rt.fwd_plan_fixes(*fixed_call(_fwd_family("cf", 2), initial_states=True, final_states=True))
+    assert rt.fwd_plan_fixes(*fixed_call(_fwd_family("cf", 4), seq_idx=True))
+    assert rt.fwd_plan_fixes(*fixed_call(_fwd_family("cf", 2), seq_idx=True))
     assert rt.fwd_plan_fixes(*fixed_call(_fwd_family("cf", 5)))
     assert rt.fwd_plan_fixes(*fixed_call(_fwd_family("cf", 8)))
 

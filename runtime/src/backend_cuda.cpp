@@ -307,9 +307,13 @@ class CudaBackend final : public Backend {
       CC1D_CUDA_CHECK(d.cuFuncSetAttribute(kernel, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes),
                       "kernel " + hash + " asks for " + std::to_string(smem_bytes) + " bytes of shared memory");
     if (with_reduce) CC1D_CUDA_CHECK(d.cuModuleGetFunction(&reduce, mod, "cc1d_reduce"), "kernel " + hash);
-    l.functions = {kernel, reduce, exports(d, mod, "cc1d_waits_for_previous_grid"),
-                   exports(d, mod, "cc1d_writes_one_split_sums"), exports(d, mod, "cc1d_cl_groups_first_grid"),
-                   exports(d, mod, "cc1d_mend_waits_for_previous_grid")};
+    // By name: a positional initialiser silently shifts the markers when a field is added.
+    l.functions.kernel = kernel;
+    l.functions.reduce = reduce;
+    l.functions.waits_for_previous = exports(d, mod, "cc1d_waits_for_previous_grid");
+    l.functions.writes_one_split_sums = exports(d, mod, "cc1d_writes_one_split_sums");
+    l.functions.cl_groups_first_grid = exports(d, mod, "cc1d_cl_groups_first_grid");
+    l.functions.mend_waits = exports(d, mod, "cc1d_mend_waits_for_previous_grid");
     if (l.functions.waits_for_previous) {
       early_kernels_.insert(kernel);
       if (reduce) early_kernels_.insert(reduce);

@@ -281,7 +281,8 @@ class HipBackend final : public Backend {
     hipFunction_t kernel = nullptr, reduce = nullptr;
     CC1D_HIP_CHECK(h.hipModuleGetFunction(&kernel, mod, "cc1d_kernel"), "kernel " + hash);
     if (with_reduce) CC1D_HIP_CHECK(h.hipModuleGetFunction(&reduce, mod, "cc1d_reduce"), "kernel " + hash);
-    l.functions = {kernel, reduce};
+    l.functions.kernel = kernel;
+    l.functions.reduce = reduce;
     const Functions f = l.functions;
     modules_[device].emplace(hash, std::move(l));
     return f;

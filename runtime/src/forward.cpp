@@ -48,8 +48,8 @@ void launch_on(const Location& l, const KernelVariant& v, const Functions& f, co
 // and seqlen of a layer (a prefill of a new length compiles nothing new). A plan
 // compiles it from its second run on, so a signature called once compiles nothing
 // more; one loaded already (prepare_fwd loads it) serves from the first run.
-// Channel-last plans, and channel-first ones from width kCfFixedWidth (plans_fix);
-// CC1D_FWD_GENERIC=1 turns them off.
+// Channel-last plans, channel-first ones from width kCfFixedWidth and those with
+// seq_idx (plans_fix); CC1D_FWD_GENERIC=1 turns them off.
 
 // Which calls plans fix, measured on the H100 (fixed against generic in one process).
 // Channel-last: 3-9 % faster at every shape tried, widths 4 and 8 (session 26).
@@ -57,9 +57,13 @@ void launch_on(const Location& l, const KernelVariant& v, const Functions& f, co
 // its generic fast path already runs without bounds checks or seq_idx and the
 // constants reorder its first loads; 17 % faster with width 8 (session 26), and
 // session 28's widths 5-8 at the ANCHORS shapes in docs/DISPATCH.md.
+// Channel-first calls with seq_idx too: only the fixed kernel has a full-tile path
+// with sequence ids (fwd_cf_tiles.cuh.j2, cf_tile_full_seq); the generic one takes
+// every tile through its checked edge path.
 constexpr int kCfFixedWidth = 5;
-bool plans_fix(Layout layout, int width) {
-  return env().fwd_fixed && (layout == Layout::channel_last || width >= kCfFixedWidth);
+bool plans_fix(Layout layout, const FwdArgs& args) {
+  return env().fwd_fixed &&
+         (layout == Layout::channel_last || args.width >= kCfFixedWidth || args.p.seq_idx != nullptr);
 }
 
 // Which optional inputs a call has: bias, seq_idx, initial_states, final_states.
@@ -129,7 +133,7 @@ Explanation prepare_fwd(const FwdArgs& args, int device) {
   const std::shared_ptr<const Decision> d = decide_loaded(fwd_call(args, layout), l, /*with_reduce=*/false, nullptr);
   // A plan's fixed kernel too, so that a graph captured next can record it (plans load
   // nothing while their stream is capturing).
-  if (plans_fix(layout, args.width)) fixed_functions(*d->variant, l, fwd_fixed_options(args), /*may_load=*/true);
+  if (plans_fix(layout, args)) fixed_functions(*d->variant, l, fwd_fixed_options(args), /*may_load=*/true);
   return explanation_of(*d);
 }
 
@@ -140,7 +144,7 @@ Explanation precompile_fwd(const FwdArgs& args, const std::string& arch) {
   return explanation_of(*decide_compiled(fwd_call(args, layout), arch_id_for(arch, args.p.x)));
 }
 
-bool fwd_plan_fixes(const FwdArgs& args) { return plans_fix(validate_fwd(args), args.width); }
+bool fwd_plan_fixes(const FwdArgs& args) { return plans_fix(validate_fwd(args), args); }
 
 void launch_fwd(const KernelVariant& v, const FwdArgs& args, LaunchAs as) {
   const Layout layout = validate_fwd(args);
@@ -153,7 +157,7 @@ void launch_fwd(const KernelVariant& v, const FwdArgs& args, LaunchAs as) {
                           std::to_string(v.align_bytes) + " bytes, the call gives " + std::to_string(align));
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
-  const bool fixed = as == LaunchAs::plan && plans_fix(layout, args.width);
+  const bool fixed = as == LaunchAs::plan && plans_fix(layout, args);
   launch_on(l, v, fixed ? load_fixed_functions(v, l, fwd_fixed_options(args)) : functions_on(l, v, false), args);
 }
 
@@ -183,7 +187,7 @@ void FwdPlan::run(const FwdBuffers& b, void* stream) const {
   if (l.device < 0) throw_no_device(a.p.x);
   Functions f;
   const std::shared_ptr<const Decision> d = remembered_->get(fwd_call(a, layout), l, &f);
-  if (plans_fix(layout, a.width)) {
+  if (plans_fix(layout, a)) {
     // A plain load once the plan has run: only its first run writes the flag.
     std::atomic<bool>& ran = remembered_->ran;
     const bool may_load = ran.load(std::memory_order_relaxed) || ran.exchange(true);

@@ -154,7 +154,8 @@ enum class LaunchAs { generic, plan };
 // generic one).
 void launch_fwd(const KernelVariant& v, const FwdArgs& args, LaunchAs as = LaunchAs::generic);
 // Whether a FwdPlan for calls like `args` launches fixed kernels: channel-last
-// calls and channel-first ones of width 5-8, unless CC1D_FWD_GENERIC=1.
+// calls, channel-first ones of width 5-8 and channel-first ones with seq_idx,
+// unless CC1D_FWD_GENERIC=1.
 bool fwd_plan_fixes(const FwdArgs& args);
 // The compiler options (-D...) of a forward plan's fixed kernel for calls like `args`:
 // dim, the activation, which optional inputs (bias, seq_idx, initial_states,
