@@ -70,7 +70,11 @@ class FwdProblem:
         if shape.bias:
             inputs["bias"] = torch.randn(d, generator=gen).to(wd).to(device)
         if shape.seq_idx:
-            starts = (torch.rand(b, l, generator=gen) < 0.05).to(torch.int32)
+            # Packed batches: a boundary every 512 tokens or so (at least about 4 per row,
+            # for short rows). Their density matters: the channel-first forward takes its
+            # plain taps where a warp's windows see none (fwd_cf_tiles.cuh.j2).
+            rate = max(1 / 512, 4 / l)
+            starts = (torch.rand(b, l, generator=gen) < rate).to(torch.int32)
             starts[:, 0] = 0
             inputs["seq_idx"] = torch.cumsum(starts, dim=1).to(torch.int32).to(device)
         if shape.initial_states:
