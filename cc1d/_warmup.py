@@ -126,7 +126,7 @@ def warmup(shapes: Iterable[Sequence[int]], *, dtype: torch.dtype = torch.bfloat
     make the dispatch decisions, compile the kernels (in parallel, through the
     compile cache) and load them on ``device`` (default: the current CUDA device),
     the fixed kernels of the calls plans fix too (channel-last, channel-first of
-    width 5-8; docs/DISPATCH.md). Launches nothing and
+    width 5-8 or with seq_idx; docs/DISPATCH.md). Launches nothing and
     allocates no tensor.
 
     The calls are assumed to pass torch-allocated contiguous tensors of

@@ -374,7 +374,7 @@ PYBIND11_MODULE(_cc1d, m) {
   def_fwd_query(
       m, "fwd_plan_fixes", &cc1d::fwd_plan_fixes,
       "fwd_plan_fixes(<fwd's arguments but stream>) -> bool: whether forward plans for such calls launch "
-      "fixed kernels (channel-last, channel-first of width 5-8; not with CC1D_FWD_GENERIC=1).");
+      "fixed kernels (channel-last, channel-first of width 5-8 or with seq_idx; not with CC1D_FWD_GENERIC=1).");
 
   def_fwd_query(
       m, "fwd_fixed_options", &cc1d::fwd_fixed_options,

@@ -109,8 +109,8 @@ Explanation explain_fwd(const FwdArgs& args, const std::string& arch = "");
 // takes the next choice (another tuned entry, else the catalog), which
 // explain_fwd reports from then on. A catalog kernel that does not compile
 // throws CompileError.
-// It loads the decision's fixed kernel for FwdPlan too (channel-last calls and
-// channel-first ones of width 5-8;
+// It loads the decision's fixed kernel for FwdPlan too (channel-last calls,
+// channel-first ones of width 5-8 or with seq_idx;
 // fwd_fixed_options; not with CC1D_FWD_GENERIC=1).
 Explanation prepare_fwd(const FwdArgs& args, int device = -1);
 
