@@ -213,15 +213,21 @@ def _cf_variants():
 
 
 def _boundary_rich_seq_idx(batch, seqlen, gen):
-    """Increasing ids with ~5 % starts, a stretch where every other position or so starts a
-    sequence (boundaries inside every vector and halo), and ~10 % padding (-1)."""
-    p = torch.full((batch, seqlen), 0.05)
+    """Increasing ids: sparse boundaries (about one per 1000 tokens, so whole warps see
+    none and take the plain taps), a stretch of 300 where every other position or so
+    starts a sequence and a tenth are padding (boundaries inside every vector and halo),
+    and a run of 50 padding tokens (-1)."""
+    p = torch.full((batch, seqlen), 0.001)
     lo = int(torch.randint(0, max(1, seqlen - 300), (1,), generator=gen))
     p[:, lo:lo + 300] = 0.5
     starts = (torch.rand(batch, seqlen, generator=gen) < p).to(torch.int32)
     starts[:, 0] = 0
     ids = torch.cumsum(starts, dim=1).to(torch.int32)
-    return torch.where(torch.rand(batch, seqlen, generator=gen) < 0.1, torch.full_like(ids, -1), ids)
+    pad = torch.zeros(batch, seqlen, dtype=torch.bool)
+    pad[:, lo:lo + 300] = torch.rand(batch, min(300, seqlen - lo), generator=gen) < 0.1
+    run = int(torch.randint(0, max(1, seqlen - 50), (1,), generator=gen))
+    pad[:, run:run + 50] = True
+    return torch.where(pad, torch.full_like(ids, -1), ids)
 
 
 def _seq_idx_on_device(ids, how):
@@ -241,10 +247,11 @@ def _seq_idx_on_device(ids, how):
 
 @pytest.mark.parametrize("variant", _cf_variants(), ids=lambda v: v.key())
 def test_channel_first_fixed_kernels_with_seq_idx_match_reference(rt, variant):
-    """A plan's channel-first kernel with seq_idx, whose full tiles mask taps by sequence id
-    (fwd_cf_tiles.cuh.j2, cf_tile_full_seq): three full tiles and an edge per row, rows
-    past the last channel, boundaries inside vectors and halos, padding, and seq_idx
-    contiguous, strided and misaligned; against the float64 reference, outputs poisoned."""
+    """A plan's channel-first kernel with seq_idx, whose full tiles take the plain taps in
+    warps that see no boundary and mask them by sequence id in the others (fwd_cf_tiles.cuh.j2,
+    cf_tile_full_seq): three full tiles and an edge per row, rows past the last channel, both
+    kinds of warp, boundaries inside vectors and halos, padding, and seq_idx contiguous,
+    strided and misaligned; against the float64 reference, outputs poisoned."""
     f = variant.family
     g = variant.geometry()
     gen = torch.Generator().manual_seed(zlib.crc32(variant.key().encode()))
