@@ -47,6 +47,39 @@ def random_seq_idx(batch: int, seqlen: int, gen: torch.Generator) -> torch.Tenso
     return torch.where(pad, torch.full_like(ids, -1), ids)
 
 
+def boundary_rich_seq_idx(batch: int, seqlen: int, gen: torch.Generator) -> torch.Tensor:
+    """Increasing ids: sparse boundaries (about one per 1000 tokens, so whole warps see
+    none and take the plain taps), a stretch of 300 where every other position or so
+    starts a sequence and a tenth are padding (boundaries inside every vector and halo),
+    and a run of 50 padding tokens (-1)."""
+    p = torch.full((batch, seqlen), 0.001)
+    lo = int(torch.randint(0, max(1, seqlen - 300), (1,), generator=gen))
+    p[:, lo:lo + 300] = 0.5
+    starts = (torch.rand(batch, seqlen, generator=gen) < p).to(torch.int32)
+    starts[:, 0] = 0
+    ids = torch.cumsum(starts, dim=1).to(torch.int32)
+    pad = torch.zeros(batch, seqlen, dtype=torch.bool)
+    pad[:, lo:lo + 300] = torch.rand(batch, min(300, seqlen - lo), generator=gen) < 0.1
+    run = int(torch.randint(0, max(1, seqlen - 50), (1,), generator=gen))
+    pad[:, run:run + 50] = True
+    return torch.where(pad, torch.full_like(ids, -1), ids)
+
+
+def seq_idx_on_device(ids: torch.Tensor, how: str) -> torch.Tensor:
+    """ids (batch, seqlen) on the GPU: contiguous (vector loads), every other element of a
+    wider buffer (seq_l_stride 2), or one element into a buffer (4-byte aligned only)."""
+    b, l = ids.shape
+    if how == "contiguous":
+        return ids.cuda()
+    if how == "strided":
+        buf = torch.full((b, 2 * l), 7, dtype=torch.int32, device="cuda")
+        buf[:, ::2] = ids.cuda()
+        return buf[:, ::2]
+    buf = torch.full((b, l + 1), 7, dtype=torch.int32, device="cuda")
+    buf[:, 1:] = ids.cuda()
+    return buf[:, 1:]
+
+
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 

@@ -97,7 +97,9 @@ def make_grads(case: Case, inp: dict, seed: int):
 
 # ---- every covering variant, launched exactly -----------------------------------------
 
-def launch_bwd_variant(rt, variant, case, inp, dout, dfinal, runtime_dict=None):
+def launch_bwd_variant(rt, variant, case, inp, dout, dfinal, runtime_dict=None, as_plan=False):
+    """Exactly `variant` (its plain build, or with `as_plan` what bwd() launches for it)
+    on poisoned gradients: dx, dweight, dbias, dinitial_states."""
     x, w, b = inp["x"], inp["weight"], inp["bias"]
     dx = poisoned(x.shape, x.dtype, case.layout, case.align)
     dweight = backward._new_output(w.shape, w.dtype, x.device)
@@ -111,7 +113,7 @@ def launch_bwd_variant(rt, variant, case, inp, dout, dfinal, runtime_dict=None):
     ptrs, sizes, strides, xd, wd, silu = backward._bwd_call_args(
         x, w, b, inp["seq_idx"], s, dout, dfinal, dx, dis, dweight, dbias, ws, case.silu)
     rt.launch_bwd(runtime_dict or variant.as_runtime_dict(), ptrs, sizes, strides, xd, wd, silu, nbytes,
-                  torch.cuda.current_stream().cuda_stream)
+                  torch.cuda.current_stream().cuda_stream, as_plan=as_plan)
     torch.cuda.synchronize()
     return dx, dweight, dbias, dis
 

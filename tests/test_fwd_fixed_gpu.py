@@ -25,7 +25,8 @@ from cc1d import ops  # noqa: E402
 
 from cc1d.generator.covering import all_covering  # noqa: E402
 from cc1d.tuner.db import TuningDB, winner_variant  # noqa: E402
-from fwd_cases import Case, assert_close, launch_variant, make_inputs, poisoned, reference  # noqa: E402
+from fwd_cases import (Case, assert_close, boundary_rich_seq_idx, launch_variant, make_inputs, poisoned,  # noqa: E402
+                       reference, seq_idx_on_device)
 
 PAIRS = (("f32", "f32"), ("f16", "f16"), ("f16", "f32"), ("bf16", "bf16"), ("bf16", "f32"))
 
@@ -212,39 +213,6 @@ def _cf_variants():
     return sorted(chosen.values(), key=lambda v: v.key())
 
 
-def _boundary_rich_seq_idx(batch, seqlen, gen):
-    """Increasing ids: sparse boundaries (about one per 1000 tokens, so whole warps see
-    none and take the plain taps), a stretch of 300 where every other position or so
-    starts a sequence and a tenth are padding (boundaries inside every vector and halo),
-    and a run of 50 padding tokens (-1)."""
-    p = torch.full((batch, seqlen), 0.001)
-    lo = int(torch.randint(0, max(1, seqlen - 300), (1,), generator=gen))
-    p[:, lo:lo + 300] = 0.5
-    starts = (torch.rand(batch, seqlen, generator=gen) < p).to(torch.int32)
-    starts[:, 0] = 0
-    ids = torch.cumsum(starts, dim=1).to(torch.int32)
-    pad = torch.zeros(batch, seqlen, dtype=torch.bool)
-    pad[:, lo:lo + 300] = torch.rand(batch, min(300, seqlen - lo), generator=gen) < 0.1
-    run = int(torch.randint(0, max(1, seqlen - 50), (1,), generator=gen))
-    pad[:, run:run + 50] = True
-    return torch.where(pad, torch.full_like(ids, -1), ids)
-
-
-def _seq_idx_on_device(ids, how):
-    """ids (batch, seqlen) on the GPU: contiguous (vector loads), every other element of a
-    wider buffer (seq_l_stride 2), or one element into a buffer (4-byte aligned only)."""
-    b, l = ids.shape
-    if how == "contiguous":
-        return ids.cuda()
-    if how == "strided":
-        buf = torch.full((b, 2 * l), 7, dtype=torch.int32, device="cuda")
-        buf[:, ::2] = ids.cuda()
-        return buf[:, ::2]
-    buf = torch.full((b, l + 1), 7, dtype=torch.int32, device="cuda")
-    buf[:, 1:] = ids.cuda()
-    return buf[:, 1:]
-
-
 @pytest.mark.parametrize("variant", _cf_variants(), ids=lambda v: v.key())
 def test_channel_first_fixed_kernels_with_seq_idx_match_reference(rt, variant):
     """A plan's channel-first kernel with seq_idx, whose full tiles take the plain taps in
@@ -261,7 +229,7 @@ def test_channel_first_fixed_kernels_with_seq_idx_match_reference(rt, variant):
                     seq_idx=True, states=k == 1, final=k == 2,
                     align=g["align_bytes"] // f.x_bytes)
         inp = make_inputs(case, seed=int(torch.randint(0, 1 << 30, (1,), generator=gen)))
-        inp["seq_idx"] = _seq_idx_on_device(_boundary_rich_seq_idx(case.batch, case.seqlen, gen), how)
+        inp["seq_idx"] = seq_idx_on_device(boundary_rich_seq_idx(case.batch, case.seqlen, gen), how)
         out, fs = launch_variant(rt, variant, case, inp, as_plan=True)
         ref_out, ref_fs = reference(case, inp)
         assert_close(f"{variant.key()} {case.id()} seq_idx {how} out", out, ref_out, case.x_dtype)

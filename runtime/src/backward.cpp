@@ -6,6 +6,7 @@
 
 #include "cc1d/cc1d.h"
 #include "dispatch.h"
+#include "env.h"
 #include "tuning_db.h"
 
 namespace cc1d {
@@ -77,6 +78,29 @@ void check_workspace(const BwdArgs& a, const KernelVariant& v, Layout layout) {
                           std::to_string(a.workspace_bytes));
 }
 
+// ---- seq_idx builds ----------------------------------------------------------
+// Channel-first calls with seq_idx launch their variant's seq_idx build: the same
+// source compiled with -DCC1D_BWD_SEQ_TILES=1 (bwd_channel_first.cu.j2), the only
+// one with full segments that read sequence ids. The plain build takes every such
+// segment through its checked edge path (3.1x the time without seq_idx on the H100,
+// session 46), and stays as the tuner measured it. CC1D_BWD_GENERIC=1 turns it off;
+// where the seq_idx build does not compile, the plain one serves (warned once).
+bool seq_build(Layout layout, const BwdArgs& a) {
+  return env().bwd_seq_build && layout == Layout::channel_first && a.p.seq_idx != nullptr;
+}
+
+const std::vector<std::string>& seq_build_options() {
+  static const std::vector<std::string> options{"-DCC1D_BWD_SEQ_TILES=1"};
+  return options;
+}
+
+// The last decision's seq_idx build, for eager calls (kept per process, like the
+// dispatcher's memo; another decision looks its module up again).
+RememberedFixed& remembered_seq_build() {
+  static RememberedFixed remembered;
+  return remembered;
+}
+
 std::shared_ptr<const Decision> decide_for(const BwdArgs& args, const std::string& arch) {
   const Layout layout = validate_bwd(args, /*launching=*/false);
   return decide(bwd_call(args, layout), arch_id_for(arch, args.p.x));
@@ -114,6 +138,9 @@ void causal_conv1d_bwd(const BwdArgs& args) {
   Functions f;
   const std::shared_ptr<const Decision> d = decide_loaded(bwd_call(args, layout), l, /*with_reduce=*/true, &f);
   check_workspace(args, *d->variant, layout);
+  if (seq_build(layout, args))
+    f = remembered_seq_build().get(d, l, args.stream, /*inputs=*/1u, /*may_load=*/true, seq_build_options, f,
+                                   /*with_reduce=*/true);
   launch_on(l, *d->variant, f, args, layout);
 }
 
@@ -135,7 +162,7 @@ Explanation explain_bwd(const BwdArgs& args, const std::string& arch) {
   return explanation_of(*decide_for(args, arch));
 }
 
-void launch_bwd(const KernelVariant& v, const BwdArgs& args) {
+void launch_bwd(const KernelVariant& v, const BwdArgs& args, LaunchAs as) {
   const Layout layout = validate_bwd(args, /*launching=*/true);
   check_variant_shape(v);
   char family[kFamilyBufSize];
@@ -147,13 +174,20 @@ void launch_bwd(const KernelVariant& v, const BwdArgs& args) {
   check_workspace(args, v, layout);
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
-  launch_on(l, v, functions_on(l, v, /*with_reduce=*/true), args, layout);
+  const bool seq = as == LaunchAs::plan && seq_build(layout, args);
+  launch_on(l, v,
+            seq ? load_fixed_functions(v, l, seq_build_options(), /*with_reduce=*/true)
+                : functions_on(l, v, /*with_reduce=*/true),
+            args, layout);
 }
 
 Explanation prepare_bwd(const BwdArgs& args, int device) {
   const Layout layout = validate_bwd(args, /*launching=*/false);
   const Location l = prepare_location(args.p.x, device);
-  return explanation_of(*decide_loaded(bwd_call(args, layout), l, /*with_reduce=*/true, nullptr));
+  const std::shared_ptr<const Decision> d = decide_loaded(bwd_call(args, layout), l, /*with_reduce=*/true, nullptr);
+  // The seq_idx build too, so that a graph captured next can record it.
+  if (seq_build(layout, args)) fixed_functions(*d->variant, l, seq_build_options(), /*may_load=*/true, true);
+  return explanation_of(*d);
 }
 
 }  // namespace cc1d

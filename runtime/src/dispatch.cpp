@@ -497,10 +497,10 @@ std::string fixed_module_key(const KernelVariant& v, const std::string& joined_o
 // Compiles v with these options and loads the module as `key` (the slow path of
 // load_fixed_functions and fixed_functions, after their lookup missed); throws.
 Functions compile_and_load_fixed(const KernelVariant& v, const Location& l, const std::vector<std::string>& options,
-                                 const std::string& key) {
+                                 const std::string& key, bool with_reduce) {
   check_source_hash(v);
   const CompileResult r = compile_cached(*l.backend, v.source, l.backend->device_target(l.device), options);
-  const Functions f = l.backend->load_functions(l.device, key, r.binary, v.smem_bytes, /*with_reduce=*/false);
+  const Functions f = l.backend->load_functions(l.device, key, r.binary, v.smem_bytes, with_reduce);
   g_loads.fetch_add(1, std::memory_order_relaxed);
   return f;
 }
@@ -526,19 +526,21 @@ void add_fixed_define(std::vector<std::string>& options, const char* name, int64
   options.push_back(std::string("-DCC1D_FIX_") + name + "=((long long)" + std::to_string(uint64_t(value)) + "ULL)");
 }
 
-Functions load_fixed_functions(const KernelVariant& v, const Location& l, const std::vector<std::string>& options) {
+Functions load_fixed_functions(const KernelVariant& v, const Location& l, const std::vector<std::string>& options,
+                               bool with_reduce) {
   const std::string key = fixed_module_key(v, joined_options(options));
-  if (Functions f = l.backend->find_functions(l.device, key); f.kernel) return f;
-  return compile_and_load_fixed(v, l, options, key);
+  if (Functions f = l.backend->find_functions(l.device, key); f.kernel && (f.reduce || !with_reduce)) return f;
+  return compile_and_load_fixed(v, l, options, key, with_reduce);
 }
 
 Functions fixed_functions(const KernelVariant& v, const Location& l, const std::vector<std::string>& options,
-                          bool may_load) {
+                          bool may_load, bool with_reduce) {
   const std::string joined = joined_options(options);
   const std::string key = fixed_module_key(v, joined);
-  if (Functions f = l.backend->find_functions(l.device, key); f.kernel || !may_load) return f;
+  if (Functions f = l.backend->find_functions(l.device, key); f.kernel && (f.reduce || !with_reduce)) return f;
+  if (!may_load) return {};
   try {
-    return compile_and_load_fixed(v, l, options, key);
+    return compile_and_load_fixed(v, l, options, key, with_reduce);
   } catch (const std::exception& e) {
     std::string why = e.what();
     why = why.substr(0, why.find('\n'));

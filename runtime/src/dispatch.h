@@ -114,16 +114,17 @@ class RememberedLaunch {
 // templates' CC1D_*_FIXED blocks assign to their params.
 void add_fixed_define(std::vector<std::string>& options, const char* name, int64_t value);
 
-// The kernel of variant v built with `options` on l: loaded there already (found),
-// else compiled and loaded when `may_load` (counted in dispatch_stats().loads);
-// {} when neither, or when it fails (warned once: the variant, the options and the
-// compiler's first line).
+// The kernel of variant v built with `options` on l (and its cc1d_reduce with
+// `with_reduce`): loaded there already (found), else compiled and loaded when
+// `may_load` (counted in dispatch_stats().loads); {} when neither, or when it fails
+// (warned once: the variant, the options and the compiler's first line).
 Functions fixed_functions(const KernelVariant& v, const Location& l, const std::vector<std::string>& options,
-                          bool may_load);
+                          bool may_load, bool with_reduce = false);
 
 // fixed_functions that loads whenever it finds none, and throws (InvalidArgument,
 // CompileError, BackendError) where fixed_functions warns.
-Functions load_fixed_functions(const KernelVariant& v, const Location& l, const std::vector<std::string>& options);
+Functions load_fixed_functions(const KernelVariant& v, const Location& l, const std::vector<std::string>& options,
+                               bool with_reduce = false);
 
 // A plan's fixed kernel for its last decision, module scope and set of optional
 // inputs (bits, one per input the call has). One loaded already (by another plan or
@@ -137,12 +138,12 @@ class RememberedFixed {
   // when the remembered kernel does not fit (the common call builds no strings).
   template <typename Options>
   Functions get(const std::shared_ptr<const Decision>& d, const Location& l, void* stream, unsigned inputs,
-                bool may_load, Options&& options, const Functions& generic) {
+                bool may_load, Options&& options, const Functions& generic, bool with_reduce = false) {
     const void* scope = l.backend->module_scope(l.device);
     std::lock_guard<std::mutex> lock(mu_);
     if (d != decision_ || scope != scope_ || inputs != inputs_) {
       may_load = may_load && !l.backend->stream_capturing(stream);
-      const Functions f = fixed_functions(*d->variant, l, options(), may_load);
+      const Functions f = fixed_functions(*d->variant, l, options(), may_load, with_reduce);
       if (!f.kernel && !may_load) return generic;
       decision_ = d;
       scope_ = scope;

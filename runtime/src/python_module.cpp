@@ -529,15 +529,17 @@ PYBIND11_MODULE(_cc1d, m) {
   m.def(
       "launch_bwd",
       [](const py::dict& variant, const BwdPtrs& ptrs, const Sizes& sizes, const BwdStrides& strides, int x_dtype,
-         int w_dtype, bool silu, size_t workspace_bytes, int64_t stream) {
+         int w_dtype, bool silu, size_t workspace_bytes, int64_t stream, bool as_plan) {
         const KernelVariant v = variant_from(variant);
         const BwdArgs a = make_bwd_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, workspace_bytes, stream);
         py::gil_scoped_release nogil;
-        cc1d::launch_bwd(v, a);
+        cc1d::launch_bwd(v, a, as_plan ? cc1d::LaunchAs::plan : cc1d::LaunchAs::generic);
       },
       py::arg("variant"), py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"),
-      py::arg("w_dtype"), py::arg("silu"), py::arg("workspace_bytes"), py::arg("stream"),
-      "launch_bwd(variant, <bwd's arguments>): exactly this variant (its workspace need uses its own tiles).");
+      py::arg("w_dtype"), py::arg("silu"), py::arg("workspace_bytes"), py::arg("stream"), py::arg("as_plan") = false,
+      "launch_bwd(variant, <bwd's arguments>, as_plan=False): exactly this variant (its workspace need uses its "
+      "own tiles): its plain build, or with as_plan what bwd() launches for it (the seq_idx build of a "
+      "channel-first call with seq_idx; CompileError's RuntimeError if that does not compile).");
 
   m.def(
       "select_bwd",

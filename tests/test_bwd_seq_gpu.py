@@ -1,0 +1,89 @@
+"""The channel-first backward's seq_idx build (bwd_channel_first.cu.j2, CC1D_BWD_SEQ_TILES;
+backward.cpp) on the GPU (marker: gpu): full segments that read sequence ids, taking the
+plain taps in warps that see no boundary and masking them in the others. Every
+channel-first covering variant and shipped winner, against float64 autograd of the
+reference; and that bwd() launches it. (Not bit for bit against the plain build: the
+compiler contracts the masked sums into FMAs differently.)"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from cc1d.generator.covering import all_covering  # noqa: E402
+from cc1d.tuner.db import TuningDB, winner_variant  # noqa: E402
+from fwd_cases import Case, boundary_rich_seq_idx, make_inputs, seq_idx_on_device  # noqa: E402
+from test_backward_gpu import (check_grads, launch_bwd_variant, make_grads,  # noqa: E402
+                               poison_gradient_buffers, reference_grads)  # noqa: F401 (autouse fixture)
+
+pytestmark = pytest.mark.gpu
+
+
+def _cf_variants():
+    """Every channel-first backward variant of the covering set and of the shipped DB's winners."""
+    chosen = {v.key(): v for v in all_covering("sm_90") if (v.family.op, v.family.layout) == ("bwd", "cf")}
+    with TuningDB(Path(__file__).resolve().parent.parent / "tuning_db" / "sm_90.db", readonly=True) as db:
+        for w in db.winners("sm_90"):
+            if w["op"] == "bwd" and w["family_key"].split(".")[1] == "cf":
+                v = winner_variant(w)
+                chosen.setdefault(v.key(), v)
+    return sorted(chosen.values(), key=lambda v: v.key())
+
+
+@pytest.mark.parametrize("variant", _cf_variants(), ids=lambda v: v.key())
+def test_channel_first_seq_builds_match_reference(rt, variant):
+    """Three work items and an edge per row, rows past the last channel, warps with and
+    without a boundary, boundaries inside vectors and halos, padding, the final states'
+    gradient, and seq_idx contiguous, strided and misaligned; gradients poisoned."""
+    f = variant.family
+    g = variant.geometry()
+    gen = torch.Generator().manual_seed(zlib.crc32(variant.key().encode()))
+    for k, how in enumerate(("contiguous", "strided", "misaligned")):
+        case = Case(layout="cf", x_dtype=f.x_dtype, w_dtype=f.w_dtype, width=f.width, batch=2,
+                    dim=2 * g["tile_d"] + 1, seqlen=3 * g["tile_l"] + 37 + 2 * k, bias=k != 1, silu=k != 2,
+                    seq_idx=True, states=k == 1, final=k == 2, align=g["align_bytes"] // f.x_bytes)
+        inp = make_inputs(case, seed=int(torch.randint(0, 1 << 30, (1,), generator=gen)))
+        inp["seq_idx"] = seq_idx_on_device(boundary_rich_seq_idx(case.batch, case.seqlen, gen), how)
+        dout, dfinal = make_grads(case, inp, k)
+        got = launch_bwd_variant(rt, variant, case, inp, dout, dfinal, as_plan=True)
+        name = f"{variant.key()} {case.id()} seq_idx {how}"
+        check_grads(name, case, got, reference_grads(case, inp, dout, dfinal))
+
+
+def test_bwd_loads_the_seq_build_for_channel_first_calls_with_seq_idx(tmp_path):
+    """bwd() with seq_idx loads the variant's seq_idx build beside its plain one, unless
+    CC1D_BWD_GENERIC=1; channel-last calls and calls without seq_idx load no second module."""
+    script = (
+        "import torch, cc1d\n"
+        "x = torch.randn(2, 64, 3000, device='cuda', dtype=torch.bfloat16)\n"
+        "w = torch.randn(64, 4, device='cuda', dtype=torch.bfloat16)\n"
+        "d = torch.randn_like(x)\n"
+        "s = torch.zeros(2, 3000, dtype=torch.int32, device='cuda'); s[:, 1500:] = 1\n"
+        "for _ in range(3): cc1d.causal_conv1d_bwd(x, w, None, d, activation='silu')\n"
+        "torch.cuda.synchronize(); print(cc1d.dispatch_stats()['loads'])\n"
+        "for _ in range(3): cc1d.causal_conv1d_bwd(x, w, None, d, seq_idx=s, activation='silu')\n"
+        "torch.cuda.synchronize(); print(cc1d.dispatch_stats()['loads'])\n"
+        "xl = x.transpose(1, 2).contiguous().transpose(1, 2); dl = d.transpose(1, 2).contiguous().transpose(1, 2)\n"
+        "for _ in range(3): cc1d.causal_conv1d_bwd(xl, w, None, dl, seq_idx=s, activation='silu')\n"
+        "torch.cuda.synchronize(); print(cc1d.dispatch_stats()['loads'])\n")
+
+    def loads(**switch):
+        env = {k: v for k, v in os.environ.items() if k != "CC1D_BWD_GENERIC"}
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                             env={**env, **switch})
+        assert run.returncode == 0, run.stderr[-3000:]
+        return run.stdout.split()
+
+    plain = [int(n) for n in loads(CC1D_BWD_GENERIC="1")]
+    seq = [int(n) for n in loads()]
+    assert seq[0] == plain[0] >= 1
+    assert seq[1] - seq[0] == plain[1] - plain[0] + 1  # the seq_idx build beside the plain one
+    assert seq[2] - seq[1] == plain[2] - plain[1]  # channel-last: nothing more
