@@ -3,9 +3,11 @@ shapes of ANCHORS.md and the forward's long-context one, graph-timed, as a
 fraction of the copy ceiling measured in the same run (minimal bytes: read x and
 dout, write dx). The peer's backward
 (Dao-AILab causal_conv1d) is timed through its own low-level function when
-that is installed.
+that is installed. With --seq-idx, each case is also timed with packed sequences
+(seq_idx: 64 sequences a row, random lengths; the peer takes seq_idx in channel-last
+only); CC1D_BWD_GENERIC=1 in the environment gives the A/B against the plain build.
 
-    python benchmarks/bench_bwd.py [--out results.json]
+    python benchmarks/bench_bwd.py [--seq-idx] [--out results.json]
 """
 from __future__ import annotations
 
@@ -54,7 +56,17 @@ def _tensor(layout, batch, dim, seqlen, dtype):
     return torch.randn(batch, seqlen, dim, device="cuda", dtype=dtype).transpose(1, 2)
 
 
-def bench_case(case, copy_gbps, peer):
+def packed_seq_idx(batch, seqlen, sequences=64, seed=0):
+    """(batch, seqlen) int32 ids of `sequences` packed sequences a row, lengths random
+    (each at least 1), the way packed training batches are."""
+    gen = torch.Generator().manual_seed(seed)
+    cuts = torch.randperm(seqlen - 1, generator=gen)[:sequences - 1] + 1
+    starts = torch.zeros(seqlen, dtype=torch.int32)
+    starts[cuts] = 1
+    return torch.cumsum(starts, 0).to(torch.int32).expand(batch, seqlen).contiguous().cuda()
+
+
+def bench_case(case, copy_gbps, peer, with_seq_idx=False):
     layout, xd, wd, width, batch, dim, seqlen = case
     nbytes = 3 * batch * dim * seqlen * torch.finfo(DT[xd]).bits // 8
     sets = [(_tensor(layout, batch, dim, seqlen, DT[xd]), _tensor(layout, batch, dim, seqlen, DT[xd]))
@@ -73,6 +85,18 @@ def bench_case(case, copy_gbps, peer):
         cc1d.causal_conv1d_fn(x, w, b, activation="silu")
         cc1d.causal_conv1d_bwd(x, w, b, dout, activation="silu")
     row.update(fwd_bwd_us=graph_time_us([lambda s=s: step(*s) for s in sets]))
+    if with_seq_idx:
+        si = packed_seq_idx(batch, seqlen)
+        us = graph_time_us([lambda s=s: cc1d.causal_conv1d_bwd(s[0], w, b, s[1], seq_idx=si, activation="silu")
+                            for s in sets])
+        row.update(seq_bwd_us=us, seq_bwd_frac=frac(us))
+        if peer is not None and layout == "cl":
+            try:
+                us = graph_time_us([lambda s=s: peer(s[0], w, b, s[1], si, None, None, None, False, True)
+                                    for s in sets])
+                row.update(peer_seq_us=us)
+            except Exception as exc:
+                row.update(peer_seq_error=str(exc)[:200])
     if peer is not None:
         try:
             us = graph_time_us([lambda s=s: peer(s[0], w, b, s[1], None, None, None, None, False, True)
@@ -86,10 +110,11 @@ def bench_case(case, copy_gbps, peer):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--seq-idx", action="store_true", help="also time every case with packed sequences")
     args = ap.parse_args()
     copy_gbps = copy_ceiling_gbps()
     peer = _peer_bwd()
-    rows = [bench_case(c, copy_gbps, peer) for c in CASES]
+    rows = [bench_case(c, copy_gbps, peer, args.seq_idx) for c in CASES]
     dev = torch.cuda.get_device_name()
     print(f"\n{dev}; copy ceiling {copy_gbps:.0f} GB/s; causal_conv1d "
           f"{'installed' if peer else 'not installed'}\n")
@@ -102,6 +127,13 @@ def main() -> None:
                      if "peer_us" in r else "— | — | —")
         print(f"| {r['layout']} | {r['x']}/{r['w']} | {r['width']} | {tuple(r['shape'])} | "
               f"{r['bwd_us']:.1f} | {100 * r['bwd_frac']:.0f} % | {r['fwd_bwd_us']:.1f} | {peer_cols} |")
+    if args.seq_idx:
+        print("\n| layout | x/w | (batch, dim, seqlen) | bwd µs | with seq_idx µs | % copy | peer seq_idx µs |")
+        print("|---|---|---|---|---|---|---|")
+        for r in rows:
+            peer_seq = f"{r['peer_seq_us']:.1f}" if "peer_seq_us" in r else "—"
+            print(f"| {r['layout']} | {r['x']}/{r['w']} | {tuple(r['shape'])} | {r['bwd_us']:.1f} | "
+                  f"{r['seq_bwd_us']:.1f} | {100 * r['seq_bwd_frac']:.0f} % | {peer_seq} |")
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(dict(device=dev, copy_gbps=copy_gbps,
