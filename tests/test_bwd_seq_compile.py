@@ -4,38 +4,27 @@ every channel-first covering variant and shipped winner: NVRTC sm_90 and hipRTC
 gfx942 (marker amd). Its results on the GPU: test_bwd_seq_gpu.py."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from cc1d.generator import default_variant, families
 from cc1d.generator.covering import all_covering
-from cc1d.tuner.db import TuningDB, winner_variant
 
 from compile_checks import with_defines
 from test_compile_amd import _assert_no_scratch, _compile_batch, trixie  # noqa: F401 (fixture)
+from variant_sets import covering_and_shipped
 
 SEQ_BUILD = ["-DCC1D_BWD_SEQ_TILES=1"]
-SHIPPED = Path(__file__).resolve().parent.parent / "tuning_db" / "sm_90.db"
 
 
 def _cf(variants):
     return [v for v in variants if (v.family.op, v.family.layout) == ("bwd", "cf")]
 
 
-def _sm90_variants():
-    chosen = {v.key(): v for v in _cf(all_covering("sm_90"))}
-    with TuningDB(SHIPPED, readonly=True) as db:
-        for v in _cf(winner_variant(w) for w in db.winners("sm_90") if w["op"] == "bwd"):
-            chosen.setdefault(v.key(), v)
-    return sorted(chosen.values(), key=lambda v: v.key())
-
-
 def test_seq_builds_compile_for_sm90(nvrtc):
     """Every one compiles; and the macro changes the binary (checked on the first: a
     misspelt macro would leave every seq_idx call on the plain build's edge path)."""
     failures = []
-    variants = _sm90_variants()
+    variants = covering_and_shipped("bwd", "cf")
     for v in variants:
         try:
             nvrtc.compile(v.source, "sm_90", SEQ_BUILD)

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import zlib
-from pathlib import Path
 
 import pytest
 
@@ -18,27 +17,15 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from cc1d.generator.covering import all_covering  # noqa: E402
-from cc1d.tuner.db import TuningDB, winner_variant  # noqa: E402
 from fwd_cases import Case, boundary_rich_seq_idx, make_inputs, seq_idx_on_device  # noqa: E402
 from test_backward_gpu import (check_grads, launch_bwd_variant, make_grads,  # noqa: E402
                                poison_gradient_buffers, reference_grads)  # noqa: F401 (autouse fixture)
+from variant_sets import covering_and_shipped  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 
-def _cf_variants():
-    """Every channel-first backward variant of the covering set and of the shipped DB's winners."""
-    chosen = {v.key(): v for v in all_covering("sm_90") if (v.family.op, v.family.layout) == ("bwd", "cf")}
-    with TuningDB(Path(__file__).resolve().parent.parent / "tuning_db" / "sm_90.db", readonly=True) as db:
-        for w in db.winners("sm_90"):
-            if w["op"] == "bwd" and w["family_key"].split(".")[1] == "cf":
-                v = winner_variant(w)
-                chosen.setdefault(v.key(), v)
-    return sorted(chosen.values(), key=lambda v: v.key())
-
-
-@pytest.mark.parametrize("variant", _cf_variants(), ids=lambda v: v.key())
+@pytest.mark.parametrize("variant", covering_and_shipped("bwd", "cf"), ids=lambda v: v.key())
 def test_channel_first_seq_builds_match_reference(rt, variant):
     """Three work items and an edge per row, rows past the last channel, warps with and
     without a boundary, boundaries inside vectors and halos, padding, the final states'

@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import zlib
-from pathlib import Path
 
 import pytest
 
@@ -23,10 +22,9 @@ pytestmark = [pytest.mark.gpu,
 import cc1d  # noqa: E402
 from cc1d import ops  # noqa: E402
 
-from cc1d.generator.covering import all_covering  # noqa: E402
-from cc1d.tuner.db import TuningDB, winner_variant  # noqa: E402
 from fwd_cases import (Case, assert_close, boundary_rich_seq_idx, launch_variant, make_inputs, poisoned,  # noqa: E402
                        reference, seq_idx_on_device)
+from variant_sets import covering_and_shipped  # noqa: E402
 
 PAIRS = (("f32", "f32"), ("f16", "f16"), ("f16", "f32"), ("bf16", "bf16"), ("bf16", "f32"))
 
@@ -202,18 +200,7 @@ def test_cc1d_fwd_generic_turns_fixed_kernels_off(tmp_path):
     assert loads() == ["2"]  # and the fixed one
 
 
-def _cf_variants():
-    """Every channel-first forward variant of the covering set and of the shipped DB's winners."""
-    chosen = {v.key(): v for v in all_covering("sm_90") if (v.family.op, v.family.layout) == ("fwd", "cf")}
-    with TuningDB(Path(__file__).resolve().parent.parent / "tuning_db" / "sm_90.db", readonly=True) as db:
-        for w in db.winners("sm_90"):
-            if w["op"] == "fwd" and w["family_key"].split(".")[1] == "cf":
-                v = winner_variant(w)
-                chosen.setdefault(v.key(), v)
-    return sorted(chosen.values(), key=lambda v: v.key())
-
-
-@pytest.mark.parametrize("variant", _cf_variants(), ids=lambda v: v.key())
+@pytest.mark.parametrize("variant", covering_and_shipped("fwd", "cf"), ids=lambda v: v.key())
 def test_channel_first_fixed_kernels_with_seq_idx_match_reference(rt, variant):
     """A plan's channel-first kernel with seq_idx, whose full tiles take the plain taps in
     warps that see no boundary and mask them by sequence id in the others (fwd_cf_tiles.cuh.j2,
