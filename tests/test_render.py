@@ -78,7 +78,8 @@ def test_backward_sigmoid_is_approximate_only_where_outputs_are_bf16(layout, x_d
     # and the block's dweight/dbias sums halved back before they are stored.
     assert ("constexpr float SILU_SCALE = 0.5f;" in src) is approx
     assert src.count("SILU_SCALE;") == (3 if approx else 0)
-    assert src.count("bwd_halve_for_silu(w, bias);") == (3 if approx else 0)  # fast, edge, initial states
+    # fast, edge, initial states, and channel-first's seq_idx segments (CC1D_BWD_SEQ_TILES)
+    assert src.count("bwd_halve_for_silu(w, bias);") == ((3 + (layout == "cf")) if approx else 0)
 
 
 def test_halved_silu_gradient_algebra():
