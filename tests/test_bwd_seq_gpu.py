@@ -6,9 +6,6 @@ reference; and that bwd() launches it. (Not bit for bit against the plain build:
 compiler contracts the masked sums into FMAs differently.)"""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import zlib
 
 import pytest
@@ -17,6 +14,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
+from fresh_process import stdout_words  # noqa: E402
 from fwd_cases import Case, boundary_rich_seq_idx, make_inputs, seq_idx_on_device  # noqa: E402
 from test_backward_gpu import (check_grads, launch_bwd_variant, make_grads,  # noqa: E402
                                poison_gradient_buffers, reference_grads)  # noqa: F401 (autouse fixture)
@@ -62,15 +60,8 @@ def test_bwd_loads_the_seq_build_for_channel_first_calls_with_seq_idx(tmp_path):
         "for _ in range(3): cc1d.causal_conv1d_bwd(xl, w, None, dl, seq_idx=s, activation='silu')\n"
         "torch.cuda.synchronize(); print(cc1d.dispatch_stats()['loads'])\n")
 
-    def loads(**switch):
-        env = {k: v for k, v in os.environ.items() if k != "CC1D_BWD_GENERIC"}
-        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
-                             env={**env, **switch})
-        assert run.returncode == 0, run.stderr[-3000:]
-        return run.stdout.split()
-
-    plain = [int(n) for n in loads(CC1D_BWD_GENERIC="1")]
-    seq = [int(n) for n in loads()]
+    plain = [int(n) for n in stdout_words(script, tmp_path, "CC1D_BWD_GENERIC", CC1D_BWD_GENERIC="1")]
+    seq = [int(n) for n in stdout_words(script, tmp_path, "CC1D_BWD_GENERIC")]
     assert seq[0] == plain[0] >= 1
     assert seq[1] - seq[0] == plain[1] - plain[0] + 1  # the seq_idx build beside the plain one
     assert seq[2] - seq[1] == plain[2] - plain[1]  # channel-last: nothing more

@@ -8,9 +8,6 @@ for bit with the runtime's plain entry, and with the float64 reference. Capture,
 warm-up and CC1D_FWD_GENERIC=1 (marker: gpu)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import zlib
 
 import pytest
@@ -22,6 +19,7 @@ pytestmark = [pytest.mark.gpu,
 import cc1d  # noqa: E402
 from cc1d import ops  # noqa: E402
 
+from fresh_process import stdout_words  # noqa: E402
 from fwd_cases import (Case, assert_close, boundary_rich_seq_idx, launch_variant, make_inputs, poisoned,  # noqa: E402
                        reference, seq_idx_on_device)
 from variant_sets import covering_and_shipped  # noqa: E402
@@ -189,15 +187,8 @@ def test_cc1d_fwd_generic_turns_fixed_kernels_off(tmp_path):
         "outs = [cc1d.causal_conv1d_fn(x, w, activation='silu') for _ in range(3)]\n"
         "torch.cuda.synchronize()\n"
         "print(cc1d.dispatch_stats()['loads'])\n")
-    def loads(**switch):
-        env = {k: v for k, v in os.environ.items() if k != "CC1D_FWD_GENERIC"}
-        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
-                             env={**env, **switch})
-        assert run.returncode == 0, run.stderr[-3000:]
-        return run.stdout.split()
-
-    assert loads(CC1D_FWD_GENERIC="1") == ["1"]  # the generic kernel only
-    assert loads() == ["2"]  # and the fixed one
+    assert stdout_words(script, tmp_path, "CC1D_FWD_GENERIC", CC1D_FWD_GENERIC="1") == ["1"]  # the generic only
+    assert stdout_words(script, tmp_path, "CC1D_FWD_GENERIC") == ["2"]  # and the fixed one
 
 
 @pytest.mark.parametrize("variant", covering_and_shipped("fwd", "cf"), ids=lambda v: v.key())
