@@ -1,7 +1,7 @@
-"""The channel-first backward's seq_idx build (bwd_channel_first.cu.j2 under
-CC1D_BWD_SEQ_TILES, which backward.cpp loads for calls with seq_idx) compiles for
-every channel-first covering variant and shipped winner: NVRTC sm_90 and hipRTC
-gfx942 (marker amd). Its results on the GPU: test_bwd_seq_gpu.py."""
+"""The backward's seq_idx build (bwd_channel_first.cu.j2 and bwd_channel_last.cu.j2 under
+CC1D_BWD_SEQ_TILES, which backward.cpp loads for calls with seq_idx) compiles for every
+covering variant and shipped winner of both layouts: NVRTC sm_90 and hipRTC gfx942
+(marker amd). Its results on the GPU: test_bwd_seq_gpu.py."""
 from __future__ import annotations
 
 import pytest
@@ -16,15 +16,12 @@ from variant_sets import covering_and_shipped
 SEQ_BUILD = ["-DCC1D_BWD_SEQ_TILES=1"]
 
 
-def _cf(variants):
-    return [v for v in variants if (v.family.op, v.family.layout) == ("bwd", "cf")]
-
-
-def test_seq_builds_compile_for_sm90(nvrtc):
+@pytest.mark.parametrize("layout", ["cf", "cl"])
+def test_seq_builds_compile_for_sm90(nvrtc, layout):
     """Every one compiles; and the macro changes the binary (checked on the first: a
     misspelt macro would leave every seq_idx call on the plain build's edge path)."""
     failures = []
-    variants = covering_and_shipped("bwd", "cf")
+    variants = covering_and_shipped("bwd", layout)
     for v in variants:
         try:
             nvrtc.compile(v.source, "sm_90", SEQ_BUILD)
@@ -38,8 +35,8 @@ def test_seq_builds_compile_for_sm90(nvrtc):
 @pytest.mark.amd
 def test_seq_builds_compile_for_gfx942(trixie):  # noqa: F811
     """Through hipRTC (the macro as a #define line: the worker passes no options)."""
-    chosen = [with_defines(v, SEQ_BUILD, "seq") for v in _cf(all_covering("gfx942"))]
-    defaults = {f"{default_variant(f, 'gfx942').key()}+seq" for f in families("bwd") if f.layout == "cf"}
+    chosen = [with_defines(v, SEQ_BUILD, "seq") for v in all_covering("gfx942") if v.family.op == "bwd"]
+    defaults = {f"{default_variant(f, 'gfx942').key()}+seq" for f in families("bwd")}
     results = _compile_batch(trixie, "gfx942", chosen)
     failed = [f"{r['key']}: {r['log'][-1500:]}" for r in results if not r["ok"]]
     assert not failed, "\n".join(failed)

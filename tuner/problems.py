@@ -211,7 +211,7 @@ class BwdProblem:
                               outputs.get("dbias"), outputs["workspace"], shape.activation == "silu")
         nbytes = 4 * bwd_splits(shape, kernel["tile_l"], kernel["tile_d"], kernel["split_blocks"]) \
             * shape.dim * (shape.width + 1)
-        # as_plan: the kernel users' calls run (the seq_idx build of channel-first calls with seq_idx)
+        # as_plan: the kernel users' calls run (the seq_idx build of calls with seq_idx)
         rt.launch_bwd(kernel, *args, nbytes, stream, as_plan=True)
 
 

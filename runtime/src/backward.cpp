@@ -79,14 +79,16 @@ void check_workspace(const BwdArgs& a, const KernelVariant& v, Layout layout) {
 }
 
 // ---- seq_idx builds ----------------------------------------------------------
-// Channel-first calls with seq_idx launch their variant's seq_idx build: the same
-// source compiled with -DCC1D_BWD_SEQ_TILES=1 (bwd_channel_first.cu.j2), the only
-// one with full segments that read sequence ids. The plain build takes every such
-// segment through its checked edge path (3.1x the time without seq_idx on the H100,
-// session 46), and stays as the tuner measured it. CC1D_BWD_GENERIC=1 turns it off;
-// where the seq_idx build does not compile, the plain one serves (warned once).
-bool seq_build(Layout layout, const BwdArgs& a) {
-  return env().bwd_seq_build && layout == Layout::channel_first && a.p.seq_idx != nullptr;
+// Calls with seq_idx launch their variant's seq_idx build: the same source compiled
+// with -DCC1D_BWD_SEQ_TILES=1, the only one whose full segments (channel-first) or
+// steps (channel-last) read sequence ids. The plain build takes every such segment,
+// and every channel-last step with a boundary, through its checked edge path, a
+// position at a time (channel-first 3.1x the time without seq_idx on the H100,
+// session 46; channel-last 3.3x on the H200, session 47), and stays as the tuner
+// measured it. CC1D_BWD_GENERIC=1 turns it off; where the seq_idx build does not
+// compile, the plain one serves (warned once).
+bool seq_build(const BwdArgs& a) {
+  return env().bwd_seq_build && a.p.seq_idx != nullptr;
 }
 
 const std::vector<std::string>& seq_build_options() {
@@ -138,7 +140,7 @@ void causal_conv1d_bwd(const BwdArgs& args) {
   Functions f;
   const std::shared_ptr<const Decision> d = decide_loaded(bwd_call(args, layout), l, /*with_reduce=*/true, &f);
   check_workspace(args, *d->variant, layout);
-  if (seq_build(layout, args))
+  if (seq_build(args))
     f = remembered_seq_build().get(d, l, args.stream, /*inputs=*/1u, /*may_load=*/true, seq_build_options, f,
                                    /*with_reduce=*/true);
   launch_on(l, *d->variant, f, args, layout);
@@ -174,7 +176,7 @@ void launch_bwd(const KernelVariant& v, const BwdArgs& args, LaunchAs as) {
   check_workspace(args, v, layout);
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
-  const bool seq = as == LaunchAs::plan && seq_build(layout, args);
+  const bool seq = as == LaunchAs::plan && seq_build(args);
   launch_on(l, v,
             seq ? load_fixed_functions(v, l, seq_build_options(), /*with_reduce=*/true)
                 : functions_on(l, v, /*with_reduce=*/true),
@@ -186,7 +188,7 @@ Explanation prepare_bwd(const BwdArgs& args, int device) {
   const Location l = prepare_location(args.p.x, device);
   const std::shared_ptr<const Decision> d = decide_loaded(bwd_call(args, layout), l, /*with_reduce=*/true, nullptr);
   // The seq_idx build too, so that a graph captured next can record it.
-  if (seq_build(layout, args)) fixed_functions(*d->variant, l, seq_build_options(), /*may_load=*/true, true);
+  if (seq_build(args)) fixed_functions(*d->variant, l, seq_build_options(), /*may_load=*/true, true);
   return explanation_of(*d);
 }
 

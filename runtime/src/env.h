@@ -15,8 +15,8 @@ struct Env {
   bool pdl = true;            // false when CC1D_DISABLE_PDL=1: no kernel launched before the previous one ends
   bool pdl_after_any = false; // CC1D_PDL_AFTER_ANY=1: in graphs too, early after any kernel (backend_cuda.cpp)
   bool fwd_fixed = true;      // false when CC1D_FWD_GENERIC=1: forward plans launch the generic kernel
-  bool bwd_seq_build = true;  // false when CC1D_BWD_GENERIC=1: channel-first backward calls with seq_idx
-                              // launch the plain build instead of the seq_idx one (backward.cpp)
+  bool bwd_seq_build = true;  // false when CC1D_BWD_GENERIC=1: backward calls with seq_idx launch
+                              // the plain build instead of the seq_idx one (backward.cpp)
   bool upd_fixed = true;      // false when CC1D_UPD_GENERIC=1: update plans launch the generic kernel
   bool log_dispatch = false;  // CC1D_LOG names "dispatch" (comma-separated list): log each new decision
   std::string kernels_dir() const { return cache_dir + "/kernels"; }

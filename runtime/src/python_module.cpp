@@ -539,7 +539,7 @@ PYBIND11_MODULE(_cc1d, m) {
       py::arg("w_dtype"), py::arg("silu"), py::arg("workspace_bytes"), py::arg("stream"), py::arg("as_plan") = false,
       "launch_bwd(variant, <bwd's arguments>, as_plan=False): exactly this variant (its workspace need uses its "
       "own tiles): its plain build, or with as_plan what bwd() launches for it (the seq_idx build of a "
-      "channel-first call with seq_idx; CompileError's RuntimeError if that does not compile).");
+      "call with seq_idx; CompileError's RuntimeError if that does not compile).");
 
   m.def(
       "select_bwd",

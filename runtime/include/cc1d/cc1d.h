@@ -262,9 +262,10 @@ Explanation prepare_bwd(const BwdArgs& args, int device = -1);
 // Launches exactly this variant's kernels (tests, tuner). Its workspace
 // need is splits * dim * (width + 1) * 4 bytes with this variant's tiles.
 // LaunchAs::plan launches what causal_conv1d_bwd would for this variant: for
-// channel-first calls with seq_idx, its seq_idx build (the source compiled with
-// -DCC1D_BWD_SEQ_TILES=1: full segments that read sequence ids; CompileError where
-// it does not compile), unless CC1D_BWD_GENERIC=1; else the plain build.
+// calls with seq_idx, its seq_idx build (the source compiled with
+// -DCC1D_BWD_SEQ_TILES=1: full segments or steps that read sequence ids;
+// CompileError where it does not compile), unless CC1D_BWD_GENERIC=1; else the
+// plain build.
 void launch_bwd(const KernelVariant& v, const BwdArgs& args, LaunchAs as = LaunchAs::generic);
 
 // ---- varlen prefill (serving engines: packed sequences and a state pool) ----
