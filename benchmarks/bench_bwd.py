@@ -4,10 +4,11 @@ fraction of the copy ceiling measured in the same run (minimal bytes: read x and
 dout, write dx). The peer's backward
 (Dao-AILab causal_conv1d) is timed through its own low-level function when
 that is installed. With --seq-idx, each case is also timed with packed sequences
-(seq_idx: 64 sequences a row, random lengths; the peer takes seq_idx in channel-last
-only); CC1D_BWD_GENERIC=1 in the environment gives the A/B against the plain build.
+(seq_idx: 64 sequences a row, or one per --seq-len tokens, random lengths; the peer takes
+seq_idx in channel-last only); CC1D_BWD_GENERIC=1 in the environment gives the A/B against
+the plain build.
 
-    python benchmarks/bench_bwd.py [--seq-idx] [--out results.json]
+    python benchmarks/bench_bwd.py [--seq-idx [--seq-len N]] [--out results.json]
 """
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def packed_seq_idx(batch, seqlen, sequences=64, seed=0):
     return torch.cumsum(starts, 0).to(torch.int32).expand(batch, seqlen).contiguous().cuda()
 
 
-def bench_case(case, copy_gbps, peer, with_seq_idx=False):
+def bench_case(case, copy_gbps, peer, with_seq_idx=False, seq_len=None):
     layout, xd, wd, width, batch, dim, seqlen = case
     nbytes = 3 * batch * dim * seqlen * torch.finfo(DT[xd]).bits // 8
     sets = [(_tensor(layout, batch, dim, seqlen, DT[xd]), _tensor(layout, batch, dim, seqlen, DT[xd]))
@@ -86,7 +87,9 @@ def bench_case(case, copy_gbps, peer, with_seq_idx=False):
         cc1d.causal_conv1d_bwd(x, w, b, dout, activation="silu")
     row.update(fwd_bwd_us=graph_time_us([lambda s=s: step(*s) for s in sets]))
     if with_seq_idx:
-        si = packed_seq_idx(batch, seqlen)
+        sequences = 64 if seq_len is None else max(1, seqlen // seq_len)
+        si = packed_seq_idx(batch, seqlen, sequences)
+        row.update(sequences=sequences)
         us = graph_time_us([lambda s=s: cc1d.causal_conv1d_bwd(s[0], w, b, s[1], seq_idx=si, activation="silu")
                             for s in sets])
         row.update(seq_bwd_us=us, seq_bwd_frac=frac(us))
@@ -111,10 +114,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--seq-idx", action="store_true", help="also time every case with packed sequences")
+    ap.add_argument("--seq-len", type=int, default=None, metavar="N",
+                    help="with --seq-idx: one sequence per N tokens of a row on average (default: 64 a row)")
     args = ap.parse_args()
+    if args.seq_len is not None and (args.seq_len < 1 or not args.seq_idx):
+        ap.error(f"--seq-len needs --seq-idx and a positive length, got {args.seq_len}")
     copy_gbps = copy_ceiling_gbps()
     peer = _peer_bwd()
-    rows = [bench_case(c, copy_gbps, peer, args.seq_idx) for c in CASES]
+    rows = [bench_case(c, copy_gbps, peer, args.seq_idx, args.seq_len) for c in CASES]
     dev = torch.cuda.get_device_name()
     print(f"\n{dev}; copy ceiling {copy_gbps:.0f} GB/s; causal_conv1d "
           f"{'installed' if peer else 'not installed'}\n")
