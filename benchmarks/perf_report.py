@@ -252,6 +252,10 @@ def main(argv: list[str] | None = None) -> None:
              "python benchmarks/perf_report.py --fwd bench_fwd.json --bwd bench_bwd.json "
              "--update bench_update.json --varlen bench_varlen.json --overhead bench_overhead.json "
              "[--peer-run a bench_fwd.json with the peer installed] --out docs", "```", ""]
+    sources = [f"`{p}`" for p in (args.fwd, args.bwd, args.update, args.varlen, args.overhead, args.peer_run) if p]
+    text += ["## Notes", "", f"This page was written from {', '.join(sources) or 'no runs'}. What each session "
+             "measured beside these tables (A/B runs, profiles, what was tried and not kept): "
+             "[PERFORMANCE_NOTES.md](PERFORMANCE_NOTES.md).", ""]
     (out / "PERFORMANCE.md").write_text("\n".join(text))
     if rows:
         plot(rows, out / "performance.png")

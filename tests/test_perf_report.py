@@ -93,3 +93,22 @@ def test_the_update_table_sets_each_loop_against_vllms_same_loop(tmp_path):
             "2.50 | 3.25 | 1.30x |") in page
     assert ("| 16 | state-contiguous (peer) | no | 1.81 | 24 % | — | — | 2.96 | 1.64x | 2.8 | — | — | — | "
             "— | — | — |") in page
+
+
+def test_the_shipped_page_is_what_its_stored_runs_give(tmp_path, monkeypatch):
+    """docs/PERFORMANCE.md is perf_report.py's output from the runs kept in docs/performance
+    (the paths its Notes section names), not text edited by hand."""
+    repo = SCRIPT.parents[1]
+    shipped = (repo / "docs" / "PERFORMANCE.md").read_text()
+    named = shipped.split("This page was written from ", 1)[1].split(". What each session", 1)[0]
+    paths = [p.strip("` ") for p in named.split(",")]
+    flags = dict(bench_fwd="--fwd", bench_bwd="--bwd", bench_update="--update", bench_varlen="--varlen",
+                 bench_overhead="--overhead")
+    argv = []
+    for p in paths:
+        assert (repo / p).is_file(), p
+        argv += [flags[Path(p).stem], p]
+    monkeypatch.chdir(repo)
+    report.main(argv + ["--out", str(tmp_path)])
+    assert (tmp_path / "PERFORMANCE.md").read_text() == shipped
+    assert (repo / "docs" / "PERFORMANCE_NOTES.md").is_file()
