@@ -2,7 +2,7 @@
 <package dir>/tuning_db/ (docs/DISPATCH.md; how they are made: tuning_db/README.md).
 
 sm_90.db must be there. Every shipped DB is finalized (one file, rollback-journal
-mode), holds only its own arch, validates as `cc1d-tune db validate` does (source
+mode, no trials), holds only its own arch, validates as `cc1d-tune db validate` does (source
 hash, generator epoch, re-rendered source of the variant, geometry), compiles for
 its arch with NVRTC, is installed into the package unchanged, and the runtime
 serves each of its winners for exactly the call it was tuned for. No GPU needed.
@@ -50,6 +50,17 @@ def test_is_finalized(shipped):
     assert mode == "delete", f"{shipped.name}: journal_mode {mode}; run cc1d-tune db finalize --db {shipped}"
     beside = [p.name for p in shipped.parent.glob(shipped.name + "-*")]
     assert not beside, f"{beside} beside {shipped.name}: finalize it, and ship the .db alone"
+
+
+def test_ships_no_trials(shipped):
+    # The runtime reads only winners; a merged study's trials would only bloat the
+    # package (and turn up in `db report` as convergence plots of one search).
+    con = _ro(shipped)
+    try:
+        n = con.execute("SELECT COUNT(*) FROM trials").fetchone()[0]
+    finally:
+        con.close()
+    assert n == 0, f"{shipped.name} holds {n} trials: run cc1d-tune db finalize --drop-trials --db {shipped}"
 
 
 def test_holds_only_its_own_arch(shipped):
