@@ -138,7 +138,8 @@ def main() -> None:
         print("\n| layout | x/w | (batch, dim, seqlen) | bwd µs | with seq_idx µs | % copy | peer seq_idx µs |")
         print("|---|---|---|---|---|---|---|")
         for r in rows:
-            peer_seq = f"{r['peer_seq_us']:.1f}" if "peer_seq_us" in r else "—"
+            peer_seq = (f"{r['peer_seq_us']:.1f}" if "peer_seq_us" in r
+                        else f"error: {r['peer_seq_error'][:60]}" if "peer_seq_error" in r else "—")
             print(f"| {r['layout']} | {r['x']}/{r['w']} | {tuple(r['shape'])} | {r['bwd_us']:.1f} | "
                   f"{r['seq_bwd_us']:.1f} | {100 * r['seq_bwd_frac']:.0f} % | {peer_seq} |")
     if args.out:
