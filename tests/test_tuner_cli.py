@@ -176,6 +176,15 @@ def test_db_finalize_for_shipping(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sm_90.db", "x.jsonl"]
 
 
+def test_db_finalize_says_when_it_keeps_trials(tmp_path, capsys):
+    path = _one_winner_db(tmp_path / "sm_90.db")
+    code, out, err = run(["db", "finalize", "--db", path], capsys)
+    assert code == 0, out + err
+    assert "kept 1 trials (for reports); to ship this DB, finalize it with --drop-trials" in out
+    code, out, err = run(["db", "finalize", "--db", path, "--drop-trials"], capsys)
+    assert code == 0 and "kept" not in out, out + err
+
+
 def test_db_finalize_refuses_an_invalid_db(tmp_path, capsys):
     path = _one_winner_db(tmp_path / "bad.db")
     with TuningDB(path) as db:

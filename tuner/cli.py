@@ -381,6 +381,7 @@ def db_main(argv: Sequence[str]) -> int:
                 print(f"dropped {dropped} sources no winner uses")
             db.finalize()
             n = len(db.winners())
+            kept_trials = db.conn.execute("SELECT COUNT(*) FROM trials").fetchone()[0]
     if args.cmd == "finalize":
         left = [p.name for p in (path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm"))
                 if p.exists()]
@@ -390,6 +391,8 @@ def db_main(argv: Sequence[str]) -> int:
             return 1
         print(f"finalized {path}: {n} winners, journal_mode=delete, {path.stat().st_size // 1024} KiB, "
               f"nothing beside it")
+        if kept_trials:  # the runtime reads only winners: a DB to ship wants --drop-trials
+            print(f"kept {kept_trials} trials (for reports); to ship this DB, finalize it with --drop-trials")
     return 0
 
 
