@@ -37,16 +37,17 @@ def shipped(request) -> Path:
     return request.param
 
 
-def _ro(path: Path) -> sqlite3.Connection:
-    return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+def _one_value(path: Path, sql: str):
+    """The single value `sql` returns, read through a read-only connection."""
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return con.execute(sql).fetchone()[0]
+    finally:
+        con.close()
 
 
 def test_is_finalized(shipped):
-    con = _ro(shipped)
-    try:
-        mode = con.execute("PRAGMA journal_mode").fetchone()[0]
-    finally:
-        con.close()
+    mode = _one_value(shipped, "PRAGMA journal_mode")
     assert mode == "delete", f"{shipped.name}: journal_mode {mode}; run cc1d-tune db finalize --db {shipped}"
     beside = [p.name for p in shipped.parent.glob(shipped.name + "-*")]
     assert not beside, f"{beside} beside {shipped.name}: finalize it, and ship the .db alone"
@@ -55,11 +56,7 @@ def test_is_finalized(shipped):
 def test_ships_no_trials(shipped):
     # The runtime reads only winners; a merged study's trials would only bloat the
     # package (and turn up in `db report` as convergence plots of one search).
-    con = _ro(shipped)
-    try:
-        n = con.execute("SELECT COUNT(*) FROM trials").fetchone()[0]
-    finally:
-        con.close()
+    n = _one_value(shipped, "SELECT COUNT(*) FROM trials")
     assert n == 0, f"{shipped.name} holds {n} trials: run cc1d-tune db finalize --drop-trials --db {shipped}"
 
 
