@@ -339,7 +339,7 @@ def test_db_rerender_keeps_winners_whose_kernel_is_unchanged(nvrtc_rt, tmp_path,
         before = {w["family_key"]: w for w in db.winners()}
     code, out, _ = run(["db", "rerender", "--db", path], capsys)
     assert code == 1 and "1 winners re-rendered" in out and "1 left" in out
-    assert f"LEFT sm_90 {other.family.key()}" in out and "its kernel changed" in out
+    assert f"LEFT sm_90 {other.family.key()}" in out and "its kernel (plain build) changed" in out
     with TuningDB(path, readonly=True) as db:
         after = {w["family_key"]: w for w in db.winners()}
         problems = db.validate()
@@ -355,3 +355,26 @@ def test_db_rerender_keeps_winners_whose_kernel_is_unchanged(nvrtc_rt, tmp_path,
                         (json.dumps({"no_such_param": 1}), same.family.key()))
     code, out, _ = run(["db", "rerender", "--db", path], capsys)
     assert code == 1 and "config does not fit the generator's space" in out and "2 left" in out
+
+
+def test_db_rerender_compares_the_seq_idx_build_of_shapes_with_seq_idx(nvrtc_rt, tmp_path, capsys):
+    """A backward winner's time for a shape with seq_idx is its seq_idx build's: a template
+    change that only that build sees (code behind CC1D_BWD_SEQ_TILES) leaves such a winner
+    for a re-tune, and re-renders the same variant stored for a shape without seq_idx."""
+    v = default_variant(families("bwd", "cf")[0])
+    seq_only = v.source + '\n#ifdef CC1D_BWD_SEQ_TILES\nextern "C" __global__ void cc1d_extra() {}\n#endif\n'
+    path = tmp_path / "r.db"
+    with TuningDB(path) as db:
+        for shape_key, features in (("b1.d64.l8.bias.silu", "bias,silu"),
+                                    ("b1.d64.l8.bias.silu.seqidx", "bias,silu,seqidx")):
+            db.put_winner(seq_only, arch="sm_90", family_key=v.family.key(), shape_key=shape_key, op="bwd",
+                          batch=1, dim=64, seqlen=8, features=features, variant_key=v.key(), config=v.params,
+                          **v.geometry(), time_us=3.5, environment={})
+    code, out, _ = run(["db", "rerender", "--db", path], capsys)
+    assert code == 1 and "1 winners re-rendered" in out and "1 left" in out, out
+    assert f"re-rendered sm_90 {v.family.key()} b1.d64.l8.bias.silu (" in out
+    assert f"LEFT sm_90 {v.family.key()} b1.d64.l8.bias.silu.seqidx" in out
+    assert "(-DCC1D_BWD_SEQ_TILES=1 build) changed" in out
+    with TuningDB(path, readonly=True) as db:
+        hashes = {w["shape_key"]: w["source_hash"] for w in db.winners()}
+    assert hashes["b1.d64.l8.bias.silu"] == v.hash() and hashes["b1.d64.l8.bias.silu.seqidx"] != v.hash()

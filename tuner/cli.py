@@ -78,7 +78,8 @@ def db_parser() -> argparse.ArgumentParser:
                                         "DB was lost), each source checked against the hash the run timed"),
                       ("validate", "check every winner: source hash, epoch, re-rendered source"),
                       ("rerender", "store the templates' render of each winner whose stored source differs "
-                                   "from it but compiles to the same binary (configs and times kept)"),
+                                   "from it but compiles to the same binaries, the seq_idx build's too for backward "
+                                   "shapes with seq_idx (configs and times kept)"),
                       ("finalize", "validate, then make the DB one self-contained file for shipping "
                                    "(VACUUM, WAL folded in, journal_mode=DELETE)")):
         s = sub.add_parser(name, help=doc)
@@ -147,6 +148,17 @@ def resolve_arch(arch: str, device: DeviceInfo | None, compile_only: bool) -> st
 def _runtime() -> Any:
     from .._runtime import runtime
     return runtime()
+
+
+def _timed_builds(rt: Any, winner: dict) -> list[list[str]]:
+    """The compiler options of each kernel a winner's time was measured with: the plain
+    source, and for a backward shape with seq_idx also its seq_idx build (what such calls
+    run). Not the forward's and the update's fixed kernels: their options come from a
+    call's sizes and strides, so `db rerender` compares their plain build only."""
+    builds: list[list[str]] = [[]]
+    if winner["op"] == "bwd" and "seqidx" in str(winner["features"]).split(","):
+        builds.append(list(rt.bwd_seq_build_options()))
+    return builds
 
 
 # ---- --compile-only ---------------------------------------------------------------
@@ -348,12 +360,14 @@ def db_main(argv: Sequence[str]) -> int:
         elif args.cmd == "rerender":
             rt = _runtime()
             ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
-            done, left = db.rerender(lambda src, arch: rt.compile(src, arch)[0], ops)
+            done, left = db.rerender(lambda src, arch, opts: rt.compile(src, arch, opts)[0], ops,
+                                     builds=lambda w: _timed_builds(rt, w))
             for name in done:
                 print(f"re-rendered {name}")
             for why in left:
                 print(f"LEFT {why}")
-            print(f"{len(done)} winners re-rendered in {path} (binaries identical), {len(left)} left")
+            print(f"{len(done)} winners re-rendered in {path} (binaries identical, the seq_idx build's too "
+                  f"for backward shapes with seq_idx), {len(left)} left")
             return 1 if left else 0
         elif args.cmd == "validate":
             problems = db.validate()

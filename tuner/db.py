@@ -375,21 +375,23 @@ class TuningDB:
         return problems
 
 
-    def rerender(self, compile: Callable[[str, str], bytes], ops: Iterable[str] | None = None
-                 ) -> tuple[list[str], list[str]]:
+    def rerender(self, compile: Callable[[str, str, list[str]], bytes], ops: Iterable[str] | None = None,
+                 builds: Callable[[dict], list[list[str]]] = lambda w: [[]]) -> tuple[list[str], list[str]]:
         """Store the current templates' render of each winner (of `ops`; default all) whose
-        stored source differs from it, where the binaries ``compile(source, arch)`` makes
-        of the two are byte-identical: the template changed in a way that does not reach
-        the kernel (a comment, code behind a macro the runtime does not set), so its config,
-        times and dates stay true. Returns (the winners re-rendered, those left because
-        their kernel changed: a re-tune's business); all replacements in one transaction."""
+        stored source differs from it, where the binaries ``compile(source, arch, options)``
+        makes of the two are byte-identical for each build ``builds(winner)`` names (the
+        compiler options of every kernel its time was measured with; default the plain
+        source alone): the template changed in a way that does not reach those kernels (a
+        comment, code behind a macro none of them sets), so its config, times and dates stay
+        true. Returns (the winners re-rendered, those left because a kernel changed: a
+        re-tune's business); all replacements in one transaction."""
         ops = None if ops is None else set(ops)
-        binaries: dict[tuple[str, str], bytes] = {}
+        binaries: dict[tuple[str, str, tuple[str, ...]], bytes] = {}
 
-        def binary(source: str, arch: str) -> bytes:
-            key = (sha256(source), arch)
+        def binary(source: str, arch: str, options: list[str]) -> bytes:
+            key = (sha256(source), arch, tuple(options))
             if key not in binaries:
-                binaries[key] = bytes(compile(source, arch))
+                binaries[key] = bytes(compile(source, arch, list(options)))
             return binaries[key]
 
         redo, done, left = [], [], []
@@ -408,8 +410,10 @@ class TuningDB:
                 continue
             if new == stored:
                 continue
-            if binary(stored, w["arch"]) != binary(new, w["arch"]):
-                left.append(f"{name}: its kernel changed with the templates; re-tune it")
+            changed = [opts for opts in builds(w) if binary(stored, w["arch"], opts) != binary(new, w["arch"], opts)]
+            if changed:
+                which = " ".join(changed[0]) or "plain"
+                left.append(f"{name}: its kernel ({which} build) changed with the templates; re-tune it")
                 continue
             redo.append((new, {**w, "source_hash": None}))
             done.append(name)

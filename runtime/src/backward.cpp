@@ -10,6 +10,12 @@
 #include "tuning_db.h"
 
 namespace cc1d {
+
+const std::vector<std::string>& bwd_seq_build_options() {
+  static const std::vector<std::string> options{"-DCC1D_BWD_SEQ_TILES=1"};
+  return options;
+}
+
 namespace {
 
 // The kernels' contract (templates/bwd_*.j2). Constants and the variant's
@@ -91,10 +97,6 @@ bool seq_build(const BwdArgs& a) {
   return env().bwd_seq_build && a.p.seq_idx != nullptr;
 }
 
-const std::vector<std::string>& seq_build_options() {
-  static const std::vector<std::string> options{"-DCC1D_BWD_SEQ_TILES=1"};
-  return options;
-}
 
 // The last decision's seq_idx build, for eager calls (kept per process, like the
 // dispatcher's memo; another decision looks its module up again).
@@ -141,7 +143,7 @@ void causal_conv1d_bwd(const BwdArgs& args) {
   const std::shared_ptr<const Decision> d = decide_loaded(bwd_call(args, layout), l, /*with_reduce=*/true, &f);
   check_workspace(args, *d->variant, layout);
   if (seq_build(args))
-    f = remembered_seq_build().get(d, l, args.stream, /*inputs=*/1u, /*may_load=*/true, seq_build_options, f,
+    f = remembered_seq_build().get(d, l, args.stream, /*inputs=*/1u, /*may_load=*/true, bwd_seq_build_options, f,
                                    /*with_reduce=*/true);
   launch_on(l, *d->variant, f, args, layout);
 }
@@ -178,7 +180,7 @@ void launch_bwd(const KernelVariant& v, const BwdArgs& args, LaunchAs as) {
   if (l.device < 0) throw_no_device(args.p.x);
   const bool seq = as == LaunchAs::plan && seq_build(args);
   launch_on(l, v,
-            seq ? load_fixed_functions(v, l, seq_build_options(), /*with_reduce=*/true)
+            seq ? load_fixed_functions(v, l, bwd_seq_build_options(), /*with_reduce=*/true)
                 : functions_on(l, v, /*with_reduce=*/true),
             args, layout);
 }
@@ -188,7 +190,7 @@ Explanation prepare_bwd(const BwdArgs& args, int device) {
   const Location l = prepare_location(args.p.x, device);
   const std::shared_ptr<const Decision> d = decide_loaded(bwd_call(args, layout), l, /*with_reduce=*/true, nullptr);
   // The seq_idx build too, so that a graph captured next can record it.
-  if (seq_build(args)) fixed_functions(*d->variant, l, seq_build_options(), /*may_load=*/true, true);
+  if (seq_build(args)) fixed_functions(*d->variant, l, bwd_seq_build_options(), /*may_load=*/true, true);
   return explanation_of(*d);
 }
 

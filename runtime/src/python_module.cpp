@@ -542,6 +542,11 @@ PYBIND11_MODULE(_cc1d, m) {
       "call with seq_idx; CompileError's RuntimeError if that does not compile).");
 
   m.def(
+      "bwd_seq_build_options", [] { return cc1d::bwd_seq_build_options(); },
+      "bwd_seq_build_options() -> list of str: the compiler options of a variant's seq_idx build, which "
+      "backward calls with seq_idx run (and the tuner times for shapes with seq_idx).");
+
+  m.def(
       "select_bwd",
       [](const BwdPtrs& ptrs, const Sizes& sizes, const BwdStrides& strides, int x_dtype, int w_dtype, bool silu,
          size_t workspace_bytes, int64_t stream, const std::string& arch) {

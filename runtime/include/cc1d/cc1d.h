@@ -268,6 +268,10 @@ Explanation prepare_bwd(const BwdArgs& args, int device = -1);
 // plain build.
 void launch_bwd(const KernelVariant& v, const BwdArgs& args, LaunchAs as = LaunchAs::generic);
 
+// The compiler options of a variant's seq_idx build ({"-DCC1D_BWD_SEQ_TILES=1"}):
+// what calls with seq_idx run, and so what the tuner timed for shapes with seq_idx.
+const std::vector<std::string>& bwd_seq_build_options();
+
 // ---- varlen prefill (serving engines: packed sequences and a state pool) ----
 // x (dim, total_tokens) packs num_seqs sequences, sequence i at tokens
 // [cu_seqlens[i], cu_seqlens[i+1]) (cu_seqlens[0] = 0, non-decreasing, last =
