@@ -374,7 +374,29 @@ def test_db_rerender_compares_the_seq_idx_build_of_shapes_with_seq_idx(nvrtc_rt,
     assert code == 1 and "1 winners re-rendered" in out and "1 left" in out, out
     assert f"re-rendered sm_90 {v.family.key()} b1.d64.l8.bias.silu (" in out
     assert f"LEFT sm_90 {v.family.key()} b1.d64.l8.bias.silu.seqidx" in out
-    assert "(-DCC1D_BWD_SEQ_TILES=1 build) changed" in out
+    assert "(seq_idx build) changed" in out
     with TuningDB(path, readonly=True) as db:
         hashes = {w["shape_key"]: w["source_hash"] for w in db.winners()}
     assert hashes["b1.d64.l8.bias.silu"] == v.hash() and hashes["b1.d64.l8.bias.silu.seqidx"] != v.hash()
+
+
+def test_db_rerender_compares_the_fixed_kernel_a_forward_winner_was_timed_with(nvrtc_rt, tmp_path, capsys):
+    """Channel-last forward plans launch a fixed kernel (the source compiled with the call's
+    sizes and strides as constants), and the tuner timed that: a change behind
+    CC1D_FWD_FIXED leaves such a winner for a re-tune, and re-renders a channel-first width-4
+    winner, whose plans run the generic kernel."""
+    extra = '\n#ifdef CC1D_FWD_FIXED\nextern "C" __global__ void cc1d_extra() {}\n#endif\n'
+    cf, cl = (default_variant(next(f for f in families("fwd", lay) if f.width == 4)) for lay in ("cf", "cl"))
+    path = tmp_path / "r.db"
+    with TuningDB(path) as db:
+        for v in (cf, cl):
+            db.put_winner(v.source + extra, arch="sm_90", family_key=v.family.key(), shape_key="b2.d64.l40.bias.silu",
+                          op="fwd", batch=2, dim=64, seqlen=40, features="bias,silu", variant_key=v.key(),
+                          config=v.params, **v.geometry(), time_us=3.5, environment={})
+    code, out, _ = run(["db", "rerender", "--db", path], capsys)
+    assert code == 1 and "1 winners re-rendered" in out and "1 left" in out, out
+    assert f"re-rendered sm_90 {cf.family.key()} " in out
+    assert f"LEFT sm_90 {cl.family.key()} b2.d64.l40.bias.silu ({cl.key()}): its kernel (fixed build) changed" in out
+    with TuningDB(path, readonly=True) as db:
+        hashes = {w["family_key"]: w["source_hash"] for w in db.winners()}
+    assert hashes[cf.family.key()] == cf.hash() and hashes[cl.family.key()] != cl.hash()

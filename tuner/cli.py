@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..generator import arch_info, variants
-from .db import DBError, TuningDB, default_db_path
+from .db import DBError, TuningDB, default_db_path, family_from_key
 from .device import DeviceInfo, environment, probe_device
 from .shapes import Shape, ShapesError, load_shapes
 
@@ -78,8 +78,9 @@ def db_parser() -> argparse.ArgumentParser:
                                         "DB was lost), each source checked against the hash the run timed"),
                       ("validate", "check every winner: source hash, epoch, re-rendered source"),
                       ("rerender", "store the templates' render of each winner whose stored source differs "
-                                   "from it but compiles to the same binaries, the seq_idx build's too for backward "
-                                   "shapes with seq_idx (configs and times kept)"),
+                                   "from it but compiles to the same binaries: the plain build and the one the tuner "
+                                   "timed (a forward's fixed kernel, a backward's seq_idx build; configs and "
+                                   "times kept)"),
                       ("finalize", "validate, then make the DB one self-contained file for shipping "
                                    "(VACUUM, WAL folded in, journal_mode=DELETE)")):
         s = sub.add_parser(name, help=doc)
@@ -150,14 +151,30 @@ def _runtime() -> Any:
     return runtime()
 
 
-def _timed_builds(rt: Any, winner: dict) -> list[list[str]]:
-    """The compiler options of each kernel a winner's time was measured with: the plain
-    source, and for a backward shape with seq_idx also its seq_idx build (what such calls
-    run). Not the forward's and the update's fixed kernels: their options come from a
-    call's sizes and strides, so `db rerender` compares their plain build only."""
-    builds: list[list[str]] = [[]]
+def _winner_shape(winner: dict) -> Shape:
+    """The shape a winners-table row was tuned for (its family, sizes and features)."""
+    fam = family_from_key(winner["family_key"])
+    on = set(str(winner["features"]).split(","))
+    return Shape(fam.op, fam.layout, fam.x_dtype, fam.w_dtype, fam.width, int(winner["batch"]),
+                 int(winner["dim"]), int(winner["seqlen"]), bias="bias" in on,
+                 activation="silu" if "silu" in on else "none", seq_idx="seqidx" in on,
+                 initial_states="init" in on, final_states="final" in on, state_indices="pool" in on,
+                 width_state="wstate" in on)
+
+
+def _timed_builds(rt: Any, winner: dict) -> list[tuple[str, list[str]]]:
+    """(name, compiler options) of each kernel a winner's time was measured with: the plain
+    source; for a forward shape whose plans launch a fixed kernel, that kernel's (the
+    tuner timed it); for a backward shape with seq_idx, its seq_idx build (what such
+    calls run). Not the update's fixed kernels: `db rerender` compares their plain build."""
+    builds: list[tuple[str, list[str]]] = [("plain", [])]
+    if winner["op"] == "fwd":
+        from .problems import FwdProblem
+        fixed = FwdProblem().shape_plan_options(rt, _winner_shape(winner))
+        if fixed is not None:
+            builds.append(("fixed", list(fixed)))
     if winner["op"] == "bwd" and "seqidx" in str(winner["features"]).split(","):
-        builds.append(list(rt.bwd_seq_build_options()))
+        builds.append(("seq_idx", list(rt.bwd_seq_build_options())))
     return builds
 
 
@@ -366,8 +383,8 @@ def db_main(argv: Sequence[str]) -> int:
                 print(f"re-rendered {name}")
             for why in left:
                 print(f"LEFT {why}")
-            print(f"{len(done)} winners re-rendered in {path} (binaries identical, the seq_idx build's too "
-                  f"for backward shapes with seq_idx), {len(left)} left")
+            print(f"{len(done)} winners re-rendered in {path} (binaries identical: the plain build, the "
+                  f"forward's fixed kernel, the backward's seq_idx build), {len(left)} left")
             return 1 if left else 0
         elif args.cmd == "validate":
             problems = db.validate()

@@ -376,11 +376,12 @@ class TuningDB:
 
 
     def rerender(self, compile: Callable[[str, str, list[str]], bytes], ops: Iterable[str] | None = None,
-                 builds: Callable[[dict], list[list[str]]] = lambda w: [[]]) -> tuple[list[str], list[str]]:
+                 builds: Callable[[dict], list[tuple[str, list[str]]]] = lambda w: [("plain", [])]
+                 ) -> tuple[list[str], list[str]]:
         """Store the current templates' render of each winner (of `ops`; default all) whose
         stored source differs from it, where the binaries ``compile(source, arch, options)``
-        makes of the two are byte-identical for each build ``builds(winner)`` names (the
-        compiler options of every kernel its time was measured with; default the plain
+        makes of the two are byte-identical for each build ``builds(winner)`` names ((name,
+        compiler options) of every kernel its time was measured with; default the plain
         source alone): the template changed in a way that does not reach those kernels (a
         comment, code behind a macro none of them sets), so its config, times and dates stay
         true. Returns (the winners re-rendered, those left because a kernel changed: a
@@ -410,10 +411,11 @@ class TuningDB:
                 continue
             if new == stored:
                 continue
-            changed = [opts for opts in builds(w) if binary(stored, w["arch"], opts) != binary(new, w["arch"], opts)]
+            changed = [build for build, opts in builds(w)
+                       if binary(stored, w["arch"], opts) != binary(new, w["arch"], opts)]
             if changed:
-                which = " ".join(changed[0]) or "plain"
-                left.append(f"{name}: its kernel ({which} build) changed with the templates; re-tune it")
+                left.append(f"{name}: its kernel ({', '.join(changed)} build) changed with the templates; "
+                            "re-tune it")
                 continue
             redo.append((new, {**w, "source_hash": None}))
             done.append(name)

@@ -130,6 +130,38 @@ class FwdProblem:
         args = self.launch_args(shape, inputs, outputs)
         return rt.fwd_fixed_options(*args) if rt.fwd_plan_fixes(*args) else None
 
+    def shape_plan_options(self, rt: Any, shape: Shape) -> list[str] | None:
+        """plan_options for the buffers make_inputs and make_outputs would give the shape,
+        without allocating them (their layouts alone: the options depend on sizes, strides
+        and which inputs there are, not on addresses)."""
+        b, d, l, w = shape.batch, shape.dim, shape.seqlen, shape.width
+        seq_major = (d * l, 1, d) if shape.layout == "cl" else (d * l, l, 1)
+        states = (d * (w - 1), w - 1, 1)
+        inputs = dict(x=_Layout(seq_major, 0), weight=_Layout((w, 1), 1),
+                      bias=_Layout((1,), 2) if shape.bias else None,
+                      seq_idx=_Layout((l, 1), 3) if shape.seq_idx else None,
+                      initial_states=_Layout(states, 4) if shape.initial_states else None)
+        outputs = dict(out=_Layout(seq_major, 5))
+        if shape.final_states:
+            outputs["final_states"] = _Layout(states, 6)
+        return self.plan_options(rt, shape, inputs, outputs)
+
+
+class _Layout:
+    """A buffer's strides and an address of its own, all launch_args reads: for asking the
+    runtime about a call's plan without allocating its buffers. Each slot is its own
+    address range, far apart (the runtime refuses overlapping outputs)."""
+
+    def __init__(self, strides: tuple[int, ...], slot: int) -> None:
+        self._strides = tuple(strides)
+        self._address = (slot + 1) << 40
+
+    def data_ptr(self) -> int:
+        return self._address
+
+    def stride(self, dim: int | None = None):
+        return self._strides if dim is None else self._strides[dim]
+
 
 def bwd_splits(shape: Shape, tile_l: int, tile_d: int, split_blocks: int) -> int:
     """The runtime's split count for a backward kernel (runtime/src/backward.cpp):
