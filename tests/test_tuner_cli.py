@@ -400,3 +400,18 @@ def test_db_rerender_compares_the_fixed_kernel_a_forward_winner_was_timed_with(n
     with TuningDB(path, readonly=True) as db:
         hashes = {w["family_key"]: w["source_hash"] for w in db.winners()}
     assert hashes[cf.family.key()] == cf.hash() and hashes[cl.family.key()] != cl.hash()
+
+
+def test_db_rerender_compares_the_fixed_kernel_an_update_winner_was_timed_with(nvrtc_rt, tmp_path, capsys):
+    """Update plans always launch a fixed kernel: a change behind CC1D_UPD_FIXED alone
+    leaves an update winner for a re-tune."""
+    v = default_variant(next(f for f in families("upd", "cl") if f.width == 4))
+    extra = '\n#ifdef CC1D_UPD_FIXED\nextern "C" __global__ void cc1d_extra() {}\n#endif\n'
+    path = tmp_path / "r.db"
+    with TuningDB(path) as db:
+        db.put_winner(v.source + extra, arch="sm_90", family_key=v.family.key(), shape_key="b5.d1000.l1.bias.silu",
+                      op="upd", batch=5, dim=1000, seqlen=1, features="bias,silu", variant_key=v.key(),
+                      config=v.params, **v.geometry(), time_us=3.5, environment={})
+    code, out, _ = run(["db", "rerender", "--db", path], capsys)
+    assert code == 1 and "0 winners re-rendered" in out and "1 left" in out, out
+    assert f"LEFT sm_90 {v.family.key()} b5.d1000.l1.bias.silu ({v.key()}): its kernel (fixed build) changed" in out

@@ -79,8 +79,8 @@ def db_parser() -> argparse.ArgumentParser:
                       ("validate", "check every winner: source hash, epoch, re-rendered source"),
                       ("rerender", "store the templates' render of each winner whose stored source differs "
                                    "from it but compiles to the same binaries: the plain build and the one the tuner "
-                                   "timed (a forward's fixed kernel, a backward's seq_idx build; configs and "
-                                   "times kept)"),
+                                   "timed (a forward's or update's fixed kernel, a backward's seq_idx build; "
+                                   "configs and times kept)"),
                       ("finalize", "validate, then make the DB one self-contained file for shipping "
                                    "(VACUUM, WAL folded in, journal_mode=DELETE)")):
         s = sub.add_parser(name, help=doc)
@@ -164,13 +164,13 @@ def _winner_shape(winner: dict) -> Shape:
 
 def _timed_builds(rt: Any, winner: dict) -> list[tuple[str, list[str]]]:
     """(name, compiler options) of each kernel a winner's time was measured with: the plain
-    source; for a forward shape whose plans launch a fixed kernel, that kernel's (the
-    tuner timed it); for a backward shape with seq_idx, its seq_idx build (what such
-    calls run). Not the update's fixed kernels: `db rerender` compares their plain build."""
+    source; for a forward or update shape whose plans launch a fixed kernel, that
+    kernel's (the tuner timed it); for a backward shape with seq_idx, its seq_idx build
+    (what such calls run)."""
     builds: list[tuple[str, list[str]]] = [("plain", [])]
-    if winner["op"] == "fwd":
-        from .problems import FwdProblem
-        fixed = FwdProblem().shape_plan_options(rt, _winner_shape(winner))
+    if winner["op"] in ("fwd", "upd"):
+        from .problems import problem_for
+        fixed = problem_for(winner["op"]).shape_plan_options(rt, _winner_shape(winner))
         if fixed is not None:
             builds.append(("fixed", list(fixed)))
     if winner["op"] == "bwd" and "seqidx" in str(winner["features"]).split(","):
@@ -384,7 +384,7 @@ def db_main(argv: Sequence[str]) -> int:
             for why in left:
                 print(f"LEFT {why}")
             print(f"{len(done)} winners re-rendered in {path} (binaries identical: the plain build, the "
-                  f"forward's fixed kernel, the backward's seq_idx build), {len(left)} left")
+                  f"fixed kernel of forwards and updates, the backward's seq_idx build), {len(left)} left")
             return 1 if left else 0
         elif args.cmd == "validate":
             problems = db.validate()

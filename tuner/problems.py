@@ -413,6 +413,12 @@ class UpdProblem:
         args = self.launch_args(shape, inputs, outputs)
         return rt.upd_fixed_options(*args) if rt.upd_plan_fixes(*args) else None
 
+    def shape_plan_options(self, rt: Any, shape: Shape) -> list[str] | None:
+        """plan_options for the buffers the tuner times the shape with: made on the CPU
+        (a decode step's buffers are small), with the layouts make_inputs gives."""
+        inputs = self.make_inputs(shape, seed=0, device="cpu")
+        return self.plan_options(rt, shape, inputs, self.make_outputs(shape, inputs))
+
 
 PROBLEMS: dict[str, Problem] = {"fwd": FwdProblem(), "bwd": BwdProblem(), "vfwd": VarlenProblem(),
                                  "upd": UpdProblem()}
