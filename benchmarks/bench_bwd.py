@@ -18,7 +18,7 @@ import json
 import torch
 
 import cc1d
-from peers import causal_conv1d_version
+from peers import causal_conv1d_bwd, causal_conv1d_version
 from timing import copy_ceiling_gbps, graph_time_us, n_buffers
 
 DT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -34,21 +34,6 @@ CASES = [
     ("cf", "bf16", "bf16", 4, 1, 5376, 32768),
     ("cl", "bf16", "bf16", 4, 1, 5376, 32768),
 ]
-
-
-def _peer_bwd():
-    """The peer's backward as its autograd Function calls it: (x, w, b, dout, seq_idx,
-    initial_states, dfinal_states, dx, return_dinitial_states, silu) -> (dx, dw, db, dinit)."""
-    try:
-        from causal_conv1d.cpp_functions import causal_conv1d_bwd_function  # 1.6
-        return causal_conv1d_bwd_function
-    except ImportError:
-        pass
-    try:
-        import causal_conv1d_cuda  # before 1.6 the extension had this signature itself
-        return causal_conv1d_cuda.causal_conv1d_bwd
-    except ImportError:
-        return None
 
 
 def _tensor(layout, batch, dim, seqlen, dtype):
@@ -120,7 +105,7 @@ def main() -> None:
     if args.seq_len is not None and (args.seq_len < 1 or not args.seq_idx):
         ap.error(f"--seq-len needs --seq-idx and a positive length, got {args.seq_len}")
     copy_gbps = copy_ceiling_gbps()
-    peer = _peer_bwd()
+    peer = causal_conv1d_bwd()
     rows = [bench_case(c, copy_gbps, peer, args.seq_idx, args.seq_len) for c in CASES]
     dev = torch.cuda.get_device_name()
     print(f"\n{dev}; copy ceiling {copy_gbps:.0f} GB/s; causal_conv1d "

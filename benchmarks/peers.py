@@ -15,6 +15,22 @@ def causal_conv1d(name: str) -> Callable | None:
         return None
 
 
+def causal_conv1d_bwd() -> Callable | None:
+    """causal-conv1d's backward as its autograd Function calls it: (x, w, b, dout, seq_idx,
+    initial_states, dfinal_states, dx, return_dinitial_states, silu) -> (dx, dw, db, dinit);
+    None where it is not installed."""
+    try:
+        from causal_conv1d.cpp_functions import causal_conv1d_bwd_function  # 1.6
+        return causal_conv1d_bwd_function
+    except ImportError:
+        pass
+    try:
+        import causal_conv1d_cuda  # before 1.6 the extension had this signature itself
+        return causal_conv1d_cuda.causal_conv1d_bwd
+    except ImportError:
+        return None
+
+
 def causal_conv1d_version() -> str | None:
     """The installed causal-conv1d's version (the benchmarks' JSON records it), or None."""
     try:

@@ -9,9 +9,9 @@ templates) or KEY@FILE.cu (that source, launched with KEY's geometry).
         fwd.cf.bf16wbf16.w4.t64.v16.n4.r1.hshfl  fwd.cf.bf16wbf16.w4.t64.v16.n4.r1.hshfl@my.cu \\
         [--sass-dir DIR] [--no-silu] [--peer]
 
---peer also times causal-conv1d's forward on the same inputs (forward shapes,
-where it is installed), so a candidate's speed can be read against the peer's
-in the same run.
+--peer also times causal-conv1d's forward or backward on the same inputs (forward
+and backward shapes, where it is installed), so a candidate's speed can be read
+against the peer's in the same run.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from peers import causal_conv1d
+from peers import causal_conv1d, causal_conv1d_bwd
 from timing import copy_ceiling_gbps, graph_time_us, n_buffers
 
 from cc1d import _cc1d
@@ -80,16 +80,26 @@ def resources(source: str, sass_dir: Path | None, name: str) -> str:
     return used
 
 
+def peer_calls(shape: Shape, sets: list) -> list | None:
+    """causal-conv1d's forward or backward on each input set (None: not installed)."""
+    silu = shape.activation == "silu"
+    if shape.op == "fwd":
+        fwd = causal_conv1d("causal_conv1d_fn")
+        act = "silu" if silu else None
+        return None if fwd is None else [
+            lambda i=i: fwd(i["x"], i["weight"], i["bias"], seq_idx=i["seq_idx"], activation=act) for i, _ in sets]
+    bwd = causal_conv1d_bwd()
+    return None if bwd is None else [
+        lambda i=i: bwd(i["x"], i["weight"], i["bias"], i["dout"], i["seq_idx"], None, None, None, False, silu)
+        for i, _ in sets]
+
+
 def print_peer_row(shape: Shape, sets: list, nbytes: int, ceiling: float) -> None:
-    """causal-conv1d's forward on the same input sets, as a table row."""
-    if shape.op != "fwd":
-        raise SystemExit(f"--peer: only forward shapes have a peer here, got op {shape.op!r}")
-    peer = causal_conv1d("causal_conv1d_fn")
-    if peer is None:
+    """causal-conv1d's forward or backward on the same input sets, as a table row."""
+    fns = peer_calls(shape, sets)
+    if fns is None:
         print("| causal-conv1d (not installed) | — | — | — | — |")
         return
-    act = None if shape.activation == "none" else "silu"
-    fns = [lambda s=s: peer(s[0]["x"], s[0]["weight"], s[0]["bias"], activation=act) for s in sets]
     us = graph_time_us(fns)
     print(f"| causal-conv1d | {us:.1f} | {100 * nbytes / us / 1e3 / ceiling:.0f} % | — | — |", flush=True)
 
@@ -99,10 +109,12 @@ def main() -> None:
     ap.add_argument("--shape", required=True, help="op,layout,x/w dtypes,width,batch,dim,seqlen")
     ap.add_argument("--no-silu", action="store_true")
     ap.add_argument("--sass-dir", type=Path)
-    ap.add_argument("--peer", action="store_true", help="time causal-conv1d's forward too (fwd shapes)")
+    ap.add_argument("--peer", action="store_true", help="time causal-conv1d's forward or backward too (fwd, bwd shapes)")
     ap.add_argument("candidates", nargs="+")
     args = ap.parse_args()
     shape = parse_shape(args.shape, not args.no_silu)
+    if args.peer and shape.op not in ("fwd", "bwd"):
+        ap.error(f"--peer: causal-conv1d is timed for fwd and bwd shapes, got op {shape.op!r}")
     problem = problem_for(shape.op)
     nbytes = problem.bytes_moved(shape)
     sets = []

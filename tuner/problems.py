@@ -134,7 +134,7 @@ class FwdProblem:
         """plan_options for the buffers make_inputs and make_outputs would give the shape,
         without allocating them (their layouts alone: the options depend on sizes, strides
         and which inputs there are, not on addresses)."""
-        b, d, l, w = shape.batch, shape.dim, shape.seqlen, shape.width
+        d, l, w = shape.dim, shape.seqlen, shape.width
         seq_major = (d * l, 1, d) if shape.layout == "cl" else (d * l, l, 1)
         states = (d * (w - 1), w - 1, 1)
         inputs = dict(x=_Layout(seq_major, 0), weight=_Layout((w, 1), 1),
