@@ -23,6 +23,13 @@ from cc1d.tuner.search import SearchConfig, tune_shape
 from cc1d.tuner.testing import FakeEvaluator
 from test_tuner_search import ARCH, CF, RUN, _trial_count, statuses
 
+# The fork-context evaluators here fork on purpose (their factories are lambdas, which spawn
+# cannot pickle), and their children run fake evaluators only: no torch, no CUDA. Python 3.12
+# warns about any fork of a process with threads, which a torch imported by other test
+# modules has started; the tuner itself uses spawn.
+pytestmark = pytest.mark.filterwarnings(
+    r"ignore:This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead to deadlocks:DeprecationWarning")
+
 
 class FaultyEvaluator(FakeEvaluator):
     """A fake whose chosen candidates hang in time() or kill their process in validate()."""
