@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from . import _checks as C
+from ._planned import PlannedBuffer
 from ._runtime import runtime
 
 _FN = "causal_conv1d_fn"
@@ -340,23 +341,14 @@ def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     return _forward_planned(plan, x, weight, bias, seq_idx, initial_states, final_states_out, silu), final_states_out
 
 
-class _Planned:
+class _Planned(PlannedBuffer):
     """A tensor _forward_impl would allocate (fresh, so 256-byte aligned), laid out like x:
-    what explain() passes instead of allocating it. Each slot is its own address range
-    (the runtime refuses out overlapping x or the states), all far below real allocations."""
+    what explain() passes instead of allocating it (the runtime refuses out overlapping x
+    or the states: each slot is its own address range)."""
 
     def __init__(self, like_channel_last: bool, shape, dtype: torch.dtype, slot: int) -> None:
         b, d, n = shape
-        self.shape = tuple(shape)
-        self.dtype = dtype
-        self._stride = (d * n, 1, d) if like_channel_last else (d * n, n, 1)
-        self._address = 256 + slot * (1 << 40)
-
-    def data_ptr(self) -> int:
-        return self._address
-
-    def stride(self):
-        return self._stride
+        super().__init__((d * n, 1, d) if like_channel_last else (d * n, n, 1), slot, shape, dtype)
 
 
 def explain(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,

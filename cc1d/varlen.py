@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from . import _checks as C
+from ._planned import PlannedBuffer
 from ._runtime import runtime
 from .ops import _current_device, _stream_handle
 
@@ -306,22 +307,13 @@ def explain_varlen(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     return runtime().explain_varlen(*args, arch=arch or "")
 
 
-class _Planned2d:
+class _Planned2d(PlannedBuffer):
     """A (dim, total) tensor _varlen_impl would allocate (fresh, so 256-byte aligned; tokens or
-    channels contiguous), without allocating it. Each slot is its own address range, far below
-    real allocations (the runtime refuses out overlapping x or conv_states)."""
+    channels contiguous), without allocating it (the runtime refuses out overlapping x or
+    conv_states: each slot is its own address range)."""
 
     def __init__(self, shape, dtype: torch.dtype, channel_last: bool, slot: int) -> None:
-        self.shape = tuple(shape)
-        self.dtype = dtype
-        self._stride = (1, shape[0]) if channel_last else (shape[1], 1)
-        self._address = 256 + slot * (1 << 40)
-
-    def data_ptr(self) -> int:
-        return self._address
-
-    def stride(self):
-        return self._stride
+        super().__init__((1, shape[0]) if channel_last else (shape[1], 1), slot, shape, dtype)
 
 
 def prepare_varlen(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], cu_seqlens: torch.Tensor,

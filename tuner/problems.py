@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from .._planned import PlannedBuffer
 from ..generator import DTYPES
 from ..generator.space import CL_SPLIT_BLOCKS, SPLIT_BLOCKS
 from .shapes import Shape
@@ -137,30 +138,14 @@ class FwdProblem:
         d, l, w = shape.dim, shape.seqlen, shape.width
         seq_major = (d * l, 1, d) if shape.layout == "cl" else (d * l, l, 1)
         states = (d * (w - 1), w - 1, 1)
-        inputs = dict(x=_Layout(seq_major, 0), weight=_Layout((w, 1), 1),
-                      bias=_Layout((1,), 2) if shape.bias else None,
-                      seq_idx=_Layout((l, 1), 3) if shape.seq_idx else None,
-                      initial_states=_Layout(states, 4) if shape.initial_states else None)
-        outputs = dict(out=_Layout(seq_major, 5))
+        inputs = dict(x=PlannedBuffer(seq_major, 0), weight=PlannedBuffer((w, 1), 1),
+                      bias=PlannedBuffer((1,), 2) if shape.bias else None,
+                      seq_idx=PlannedBuffer((l, 1), 3) if shape.seq_idx else None,
+                      initial_states=PlannedBuffer(states, 4) if shape.initial_states else None)
+        outputs = dict(out=PlannedBuffer(seq_major, 5))
         if shape.final_states:
-            outputs["final_states"] = _Layout(states, 6)
+            outputs["final_states"] = PlannedBuffer(states, 6)
         return self.plan_options(rt, shape, inputs, outputs)
-
-
-class _Layout:
-    """A buffer's strides and an address of its own, all launch_args reads: for asking the
-    runtime about a call's plan without allocating its buffers. Each slot is its own
-    address range, far apart (the runtime refuses overlapping outputs)."""
-
-    def __init__(self, strides: tuple[int, ...], slot: int) -> None:
-        self._strides = tuple(strides)
-        self._address = (slot + 1) << 40
-
-    def data_ptr(self) -> int:
-        return self._address
-
-    def stride(self, dim: int | None = None):
-        return self._strides if dim is None else self._strides[dim]
 
 
 def bwd_splits(shape: Shape, tile_l: int, tile_d: int, split_blocks: int) -> int:
