@@ -151,29 +151,20 @@ def _runtime() -> Any:
     return runtime()
 
 
-def _winner_shape(winner: dict) -> Shape:
-    """The shape a winners-table row was tuned for (its family, sizes and features)."""
-    fam = family_from_key(winner["family_key"])
-    on = set(str(winner["features"]).split(","))
-    return Shape(fam.op, fam.layout, fam.x_dtype, fam.w_dtype, fam.width, int(winner["batch"]),
-                 int(winner["dim"]), int(winner["seqlen"]), bias="bias" in on,
-                 activation="silu" if "silu" in on else "none", seq_idx="seqidx" in on,
-                 initial_states="init" in on, final_states="final" in on, state_indices="pool" in on,
-                 width_state="wstate" in on)
-
-
 def _timed_builds(rt: Any, winner: dict) -> list[tuple[str, list[str]]]:
     """(name, compiler options) of each kernel a winner's time was measured with: the plain
     source; for a forward or update shape whose plans launch a fixed kernel, that
     kernel's (the tuner timed it); for a backward shape with seq_idx, its seq_idx build
     (what such calls run)."""
+    shape = Shape.of(family_from_key(winner["family_key"]), int(winner["batch"]), int(winner["dim"]),
+                     int(winner["seqlen"]), str(winner["features"]).split(","))
     builds: list[tuple[str, list[str]]] = [("plain", [])]
-    if winner["op"] in ("fwd", "upd"):
+    if shape.op in ("fwd", "upd"):
         from .problems import problem_for
-        fixed = problem_for(winner["op"]).shape_plan_options(rt, _winner_shape(winner))
+        fixed = problem_for(shape.op).shape_plan_options(rt, shape)
         if fixed is not None:
             builds.append(("fixed", list(fixed)))
-    if winner["op"] == "bwd" and "seqidx" in str(winner["features"]).split(","):
+    if shape.op == "bwd" and shape.seq_idx:
         builds.append(("seq_idx", list(rt.bwd_seq_build_options())))
     return builds
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import yaml
 
@@ -33,6 +33,10 @@ BUILTIN_DEFAULTS: dict[str, Any] = dict(op="fwd", layout="cf", dtypes="bf16/f32"
                                         final_states=False, state_indices=False, width_state=False,
                                         name="")
 REQUIRED = ("batch", "dim", "seqlen")
+# A shape's features as its DB key names them, in key order, and the field each one is
+# (silu: activation == "silu").
+FEATURES = (("bias", "bias"), ("silu", None), ("seqidx", "seq_idx"), ("init", "initial_states"),
+            ("final", "final_states"), ("pool", "state_indices"), ("wstate", "width_state"))
 
 
 class ShapesError(ValueError):
@@ -61,11 +65,17 @@ class Shape:
     def family(self) -> Family:
         return Family(self.op, self.layout, self.x_dtype, self.w_dtype, self.width)
 
+    @classmethod
+    def of(cls, family: Family, batch: int, dim: int, seqlen: int, features: Iterable[str]) -> "Shape":
+        """The shape of a family, its sizes and its features() (a DB winner's row, say)."""
+        on = set(features)
+        return cls(family.op, family.layout, family.x_dtype, family.w_dtype, family.width, batch, dim, seqlen,
+                   activation="silu" if "silu" in on else "none",
+                   **{field: name in on for name, field in FEATURES if field is not None})
+
     def features(self) -> tuple[str, ...]:
-        on = (("bias", self.bias), ("silu", self.activation == "silu"), ("seqidx", self.seq_idx),
-              ("init", self.initial_states), ("final", self.final_states), ("pool", self.state_indices),
-              ("wstate", self.width_state))
-        return tuple(n for n, flag in on if flag)
+        return tuple(name for name, field in FEATURES
+                     if (self.activation == "silu" if field is None else getattr(self, field)))
 
     def key(self) -> str:
         """The shape part of a DB key, e.g. ``b8.d2048.l512.bias.silu`` (the family holds the rest)."""
