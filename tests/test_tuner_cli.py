@@ -323,6 +323,18 @@ def test_a_stopped_run_keeps_the_report_of_the_shapes_it_finished(tmp_path, caps
     assert code == 0 and (data["complete"], data["shapes"], len(data["results"])) == (True, 2, 2)
 
 
+def _store_winner(db, v, source, shape_key, batch, dim, seqlen, features="bias,silu"):
+    """Store variant v with this source as the winner of its family at a shape (3.5 µs)."""
+    db.put_winner(source, arch="sm_90", family_key=v.family.key(), shape_key=shape_key, op=v.family.op,
+                  batch=batch, dim=dim, seqlen=seqlen, features=features, variant_key=v.key(), config=v.params,
+                  **v.geometry(), time_us=3.5, environment={})
+
+
+def _behind(macro):
+    """Source text that only a build defining `macro` compiles: an extra kernel."""
+    return f'\n#ifdef {macro}\nextern "C" __global__ void cc1d_extra() {{}}\n#endif\n'
+
+
 def test_db_rerender_keeps_winners_whose_kernel_is_unchanged(nvrtc_rt, tmp_path, capsys):
     """A winner stored with a source that differs from today's render only in a comment gets
     the render (same config, time and date); one whose kernel differs is left and named;
@@ -333,9 +345,7 @@ def test_db_rerender_keeps_winners_whose_kernel_is_unchanged(nvrtc_rt, tmp_path,
     with TuningDB(path) as db:
         for v, source in ((same, same.source + "\n// a comment the compiler drops\n"),
                           (other, other.source + '\nextern "C" __global__ void cc1d_extra() {}\n')):
-            db.put_winner(source, arch="sm_90", family_key=v.family.key(), shape_key="b1.d64.l8.bias.silu",
-                          op="fwd", batch=1, dim=64, seqlen=8, features="bias,silu", variant_key=v.key(),
-                          config=v.params, **v.geometry(), time_us=3.5, environment={})
+            _store_winner(db, v, source, "b1.d64.l8.bias.silu", 1, 64, 8)
         before = {w["family_key"]: w for w in db.winners()}
     code, out, _ = run(["db", "rerender", "--db", path], capsys)
     assert code == 1 and "1 winners re-rendered" in out and "1 left" in out
@@ -362,14 +372,12 @@ def test_db_rerender_compares_the_seq_idx_build_of_shapes_with_seq_idx(nvrtc_rt,
     change that only that build sees (code behind CC1D_BWD_SEQ_TILES) leaves such a winner
     for a re-tune, and re-renders the same variant stored for a shape without seq_idx."""
     v = default_variant(families("bwd", "cf")[0])
-    seq_only = v.source + '\n#ifdef CC1D_BWD_SEQ_TILES\nextern "C" __global__ void cc1d_extra() {}\n#endif\n'
+    seq_only = v.source + _behind("CC1D_BWD_SEQ_TILES")
     path = tmp_path / "r.db"
     with TuningDB(path) as db:
         for shape_key, features in (("b1.d64.l8.bias.silu", "bias,silu"),
                                     ("b1.d64.l8.bias.silu.seqidx", "bias,silu,seqidx")):
-            db.put_winner(seq_only, arch="sm_90", family_key=v.family.key(), shape_key=shape_key, op="bwd",
-                          batch=1, dim=64, seqlen=8, features=features, variant_key=v.key(), config=v.params,
-                          **v.geometry(), time_us=3.5, environment={})
+            _store_winner(db, v, seq_only, shape_key, 1, 64, 8, features)
     code, out, _ = run(["db", "rerender", "--db", path], capsys)
     assert code == 1 and "1 winners re-rendered" in out and "1 left" in out, out
     assert f"re-rendered sm_90 {v.family.key()} b1.d64.l8.bias.silu (" in out
@@ -385,14 +393,11 @@ def test_db_rerender_compares_the_fixed_kernel_a_forward_winner_was_timed_with(n
     sizes and strides as constants), and the tuner timed that: a change behind
     CC1D_FWD_FIXED leaves such a winner for a re-tune, and re-renders a channel-first width-4
     winner, whose plans run the generic kernel."""
-    extra = '\n#ifdef CC1D_FWD_FIXED\nextern "C" __global__ void cc1d_extra() {}\n#endif\n'
     cf, cl = (default_variant(next(f for f in families("fwd", lay) if f.width == 4)) for lay in ("cf", "cl"))
     path = tmp_path / "r.db"
     with TuningDB(path) as db:
         for v in (cf, cl):
-            db.put_winner(v.source + extra, arch="sm_90", family_key=v.family.key(), shape_key="b2.d64.l40.bias.silu",
-                          op="fwd", batch=2, dim=64, seqlen=40, features="bias,silu", variant_key=v.key(),
-                          config=v.params, **v.geometry(), time_us=3.5, environment={})
+            _store_winner(db, v, v.source + _behind("CC1D_FWD_FIXED"), "b2.d64.l40.bias.silu", 2, 64, 40)
     code, out, _ = run(["db", "rerender", "--db", path], capsys)
     assert code == 1 and "1 winners re-rendered" in out and "1 left" in out, out
     assert f"re-rendered sm_90 {cf.family.key()} " in out
@@ -406,12 +411,9 @@ def test_db_rerender_compares_the_fixed_kernel_an_update_winner_was_timed_with(n
     """Update plans always launch a fixed kernel: a change behind CC1D_UPD_FIXED alone
     leaves an update winner for a re-tune."""
     v = default_variant(next(f for f in families("upd", "cl") if f.width == 4))
-    extra = '\n#ifdef CC1D_UPD_FIXED\nextern "C" __global__ void cc1d_extra() {}\n#endif\n'
     path = tmp_path / "r.db"
     with TuningDB(path) as db:
-        db.put_winner(v.source + extra, arch="sm_90", family_key=v.family.key(), shape_key="b5.d1000.l1.bias.silu",
-                      op="upd", batch=5, dim=1000, seqlen=1, features="bias,silu", variant_key=v.key(),
-                      config=v.params, **v.geometry(), time_us=3.5, environment={})
+        _store_winner(db, v, v.source + _behind("CC1D_UPD_FIXED"), "b5.d1000.l1.bias.silu", 5, 1000, 1)
     code, out, _ = run(["db", "rerender", "--db", path], capsys)
     assert code == 1 and "0 winners re-rendered" in out and "1 left" in out, out
     assert f"LEFT sm_90 {v.family.key()} b5.d1000.l1.bias.silu ({v.key()}): its kernel (fixed build) changed" in out

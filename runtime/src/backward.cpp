@@ -97,7 +97,6 @@ bool seq_build(const BwdArgs& a) {
   return env().bwd_seq_build && a.p.seq_idx != nullptr;
 }
 
-
 // The last decision's seq_idx build, for eager calls (kept per process, like the
 // dispatcher's memo; another decision looks its module up again).
 RememberedFixed& remembered_seq_build() {
