@@ -3,11 +3,17 @@
 For template work: validates each candidate against the float64 reference,
 graph-times it (inputs rotated past L2) and reports the % of a copy measured in
 the same run. A candidate is a variant key (rendered from the current
-templates) or KEY@FILE.cu (that source, launched with KEY's geometry).
+templates), KEY@FILE.cu (that source, launched with KEY's geometry) or KEY@DIR
+(KEY rendered from the templates in DIR, say another checkout's `templates/`: a
+template change against main, each at the same config).
 
     python benchmarks/probe_variants.py --shape fwd,cf,bf16/bf16,4,8,5120,2048 \\
         fwd.cf.bf16wbf16.w4.t64.v16.n4.r1.hshfl  fwd.cf.bf16wbf16.w4.t64.v16.n4.r1.hshfl@my.cu \\
+        fwd.cf.bf16wbf16.w4.t64.v16.n4.r1.hshfl@../main/templates [--rounds 3] \\
         [--sass-dir DIR] [--no-silu] [--peer]
+
+--rounds N times every candidate N times, the order reversed each round (so a
+drifting clock does not favour one side), and prints each round's time.
 
 --peer also times causal-conv1d's forward or backward on the same inputs (forward
 and backward shapes, where it is installed), so a candidate's speed can be read
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import os
 import re
 import subprocess
@@ -57,13 +64,32 @@ def variant_from_key(key: str) -> Variant:
     return Variant.of(family, **config)
 
 
+def render_from(variant: Variant, templates: Path) -> str:
+    """variant's source rendered from the templates in `templates` (the generator's own
+    folder is put back afterwards)."""
+    render = importlib.import_module("cc1d.generator.render")  # the module, not its render()
+    saved = render.TEMPLATE_DIR
+    render.TEMPLATE_DIR = templates
+    render._environment.cache_clear()
+    render.render.cache_clear()
+    try:
+        return render.render(variant)
+    finally:
+        render.TEMPLATE_DIR = saved
+        render._environment.cache_clear()
+        render.render.cache_clear()
+
+
 def kernel_dict(spec: str) -> tuple[str, dict]:
+    """(name, the runtime's kernel dict) of a candidate: KEY, KEY@FILE.cu or KEY@DIR."""
     key, _, path = spec.partition("@")
-    kernel = variant_from_key(key).as_runtime_dict()
+    variant = variant_from_key(key)
+    kernel = variant.as_runtime_dict()
     if path:
-        kernel["source"] = Path(path).read_text()
+        where = Path(path)
+        kernel["source"] = render_from(variant, where) if where.is_dir() else where.read_text()
         kernel["hash"] = hashlib.sha256(kernel["source"].encode()).hexdigest()
-        kernel["key"] = f"{key}@{Path(path).name}"
+        kernel["key"] = f"{key}@{path if where.is_dir() else where.name}"
     return kernel["key"], kernel
 
 
@@ -110,11 +136,20 @@ def main() -> None:
     ap.add_argument("--no-silu", action="store_true")
     ap.add_argument("--sass-dir", type=Path)
     ap.add_argument("--peer", action="store_true", help="time causal-conv1d's forward or backward too (fwd, bwd shapes)")
-    ap.add_argument("candidates", nargs="+")
+    ap.add_argument("--rounds", type=int, default=1, help="times each candidate is timed, interleaved (default 1)")
+    ap.add_argument("candidates", nargs="+", help="KEY, KEY@FILE.cu or KEY@TEMPLATES_DIR")
     args = ap.parse_args()
     shape = parse_shape(args.shape, not args.no_silu)
     if args.peer and shape.op not in ("fwd", "bwd"):
         ap.error(f"--peer: causal-conv1d is timed for fwd and bwd shapes, got op {shape.op!r}")
+    if args.rounds < 1:
+        ap.error(f"--rounds: expected a whole number >= 1, got {args.rounds}")
+    kernels = []
+    for spec in args.candidates:  # every source at hand before the GPU is touched
+        try:
+            kernels.append(kernel_dict(spec))
+        except Exception as exc:  # a bad key, a missing file or folder, a template error
+            ap.error(f"candidate {spec!r}: {type(exc).__name__}: {exc}")
     problem = problem_for(shape.op)
     nbytes = problem.bytes_moved(shape)
     sets = []
@@ -129,8 +164,8 @@ def main() -> None:
     if args.peer:
         print_peer_row(shape, sets, nbytes, ceiling)
     stream = torch.cuda.current_stream().cuda_stream
-    for spec in args.candidates:
-        name, kernel = kernel_dict(spec)
+    checked = []  # (name, launches, rel err, registers) of each candidate
+    for name, kernel in kernels:
         used = resources(kernel["source"], args.sass_dir, name)
         # Fresh inputs (sets[0]'s seed) for each candidate: the update writes its state
         # in place, so sets[0] after an earlier candidate's timing no longer matches ref.
@@ -142,11 +177,18 @@ def main() -> None:
         for k, want in ref.items():
             got = outputs[k].double()
             errs.append(((got - want).norm() / want.norm().clamp_min(1e-30)).item())
-        err = max(errs)
-        fns = [lambda s=s: problem.launch(_cc1d, kernel, shape, s[0], s[1],
-                                          torch.cuda.current_stream().cuda_stream) for s in sets]
-        us = graph_time_us(fns)
-        print(f"| {name} | {us:.1f} | {100 * nbytes / us / 1e3 / ceiling:.0f} % | {err:.1e} | {used} |",
+        fns = [lambda s=s, kernel=kernel: problem.launch(_cc1d, kernel, shape, s[0], s[1],
+                                                         torch.cuda.current_stream().cuda_stream) for s in sets]
+        checked.append((name, fns, max(errs), used))
+    times: list[list[float]] = [[] for _ in checked]  # by candidate (a name may repeat)
+    order = list(range(len(checked)))
+    for r in range(args.rounds):
+        for c in (order if r % 2 == 0 else order[::-1]):
+            times[c].append(graph_time_us(checked[c][1]))
+            print(f"round {r + 1}: {checked[c][0]} {times[c][-1]:.1f} µs", file=sys.stderr, flush=True)
+    for (name, _, err, used), us in zip(checked, times):
+        shown = " / ".join(f"{t:.1f}" for t in us)
+        print(f"| {name} | {shown} | {100 * nbytes / min(us) / 1e3 / ceiling:.0f} % | {err:.1e} | {used} |",
               flush=True)
 
 

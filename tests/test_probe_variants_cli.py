@@ -1,7 +1,11 @@
-"""benchmarks/probe_variants.py refuses --peer for ops the peer is not timed for, before it
-touches a GPU, naming the option, what it takes and what it got."""
+"""benchmarks/probe_variants.py checks its arguments before it touches a GPU (--peer for ops
+the peer is not timed for, --rounds, candidates it cannot render or read), naming what it
+refused, and renders KEY@DIR candidates from that folder's templates."""
 from __future__ import annotations
 
+import hashlib
+import importlib
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,3 +21,58 @@ def test_peer_is_refused_for_an_update_shape():
                           "upd.cl.bf16wbf16.w4.t128.v8.r2.oafter.g255"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stdout + res.stderr
     assert "--peer: causal-conv1d is timed for fwd and bwd shapes, got op 'upd'" in res.stderr
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), "--shape", "bwd,cf,bf16/bf16,4,2,64,300", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+KEY = "bwd.cf.bf16wbf16.w4.t64.v16.n4.r1.g128.s2048"
+
+
+def test_rounds_below_one_are_refused():
+    res = _run("--rounds", "0", KEY)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "--rounds: expected a whole number >= 1, got 0" in res.stderr
+
+
+def test_a_candidate_from_a_missing_folder_or_file_is_refused_by_name(tmp_path):
+    missing = tmp_path / "nowhere"
+    res = _run(f"{KEY}@{missing}")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"candidate '{KEY}@{missing}': FileNotFoundError" in res.stderr
+
+
+def _template_copy(tmp_path: Path) -> Path:
+    """The installed generator's templates, copied (a candidate's folder to edit)."""
+    render = importlib.import_module("cc1d.generator.render")
+    copy = tmp_path / "templates"
+    shutil.copytree(render.TEMPLATE_DIR, copy)
+    return copy
+
+
+def test_a_template_error_in_the_candidates_folder_is_refused_by_name(tmp_path):
+    copy = _template_copy(tmp_path)
+    (copy / "bwd_channel_first.cu.j2").write_text("{% if %}\n")
+    res = _run(f"{KEY}@{copy}")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"candidate '{KEY}@{copy}': TemplateSyntaxError" in res.stderr
+
+
+def test_key_at_a_folder_renders_from_that_folder_and_leaves_the_generators_own(tmp_path):
+    copy = _template_copy(tmp_path)
+    path = copy / "bwd_channel_first.cu.j2"
+    path.write_text("// marker from the candidate's folder\n" + path.read_text())
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import probe_variants
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    name, kernel = probe_variants.kernel_dict(f"{KEY}@{copy}")
+    assert name == f"{KEY}@{copy}"
+    assert "// marker from the candidate's folder" in kernel["source"]
+    assert kernel["hash"] == hashlib.sha256(kernel["source"].encode()).hexdigest()
+    _, plain = probe_variants.kernel_dict(KEY)
+    assert "marker from the candidate's folder" not in plain["source"]
+    assert plain["source"] != kernel["source"]
