@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib
 import os
 import re
 import subprocess
@@ -38,6 +37,7 @@ from timing import copy_ceiling_gbps, graph_time_us, n_buffers
 
 from cc1d import _cc1d
 from cc1d.generator import Variant
+from cc1d.generator.render import render_from
 from cc1d.generator.space import Family, space_for
 from cc1d.tuner.problems import problem_for
 from cc1d.tuner.shapes import Shape
@@ -62,22 +62,6 @@ def variant_from_key(key: str) -> Variant:
             raise ValueError(f"{key}: expected {p.abbrev}<{p.name}> at {part!r}")
         config[p.name] = type(p.values[0])(part[len(p.abbrev):])
     return Variant.of(family, **config)
-
-
-def render_from(variant: Variant, templates: Path) -> str:
-    """variant's source rendered from the templates in `templates` (the generator's own
-    folder is put back afterwards)."""
-    render = importlib.import_module("cc1d.generator.render")  # the module, not its render()
-    saved = render.TEMPLATE_DIR
-    render.TEMPLATE_DIR = templates
-    render._environment.cache_clear()
-    render.render.cache_clear()
-    try:
-        return render.render(variant)
-    finally:
-        render.TEMPLATE_DIR = saved
-        render._environment.cache_clear()
-        render.render.cache_clear()
 
 
 def kernel_dict(spec: str) -> tuple[str, dict]:

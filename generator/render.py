@@ -16,12 +16,12 @@ if TYPE_CHECKING:
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 
 
-@lru_cache(maxsize=1)
-def _environment() -> jinja2.Environment:
-    if not TEMPLATE_DIR.is_dir():
-        raise FileNotFoundError(f"cc1d templates not found at {TEMPLATE_DIR}")
+@lru_cache(maxsize=4)
+def _environment(template_dir: Path) -> jinja2.Environment:
+    if not template_dir.is_dir():
+        raise FileNotFoundError(f"cc1d templates not found at {template_dir}")
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        loader=jinja2.FileSystemLoader(str(template_dir)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
@@ -56,8 +56,14 @@ def template_context(variant: "Variant") -> dict:
     return ctx
 
 
-@lru_cache(maxsize=4096)
-def render(variant: "Variant") -> str:
-    template = _environment().get_template(space_for(variant.family).template)
+def render_from(variant: "Variant", template_dir: Path) -> str:
+    """variant's source rendered from the templates in template_dir (another checkout's
+    `templates/`, say: a template change timed against main at one config)."""
+    template = _environment(Path(template_dir)).get_template(space_for(variant.family).template)
     body = template.render(**template_context(variant))
     return f"// cc1d kernel {variant.key()} (generator epoch {EPOCH})\n{body}"
+
+
+@lru_cache(maxsize=4096)
+def render(variant: "Variant") -> str:
+    return render_from(variant, TEMPLATE_DIR)
