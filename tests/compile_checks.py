@@ -45,17 +45,19 @@ def with_defines(variant, options: list[str], label: str) -> SimpleNamespace:
     return SimpleNamespace(key=lambda: key, source=defines(options) + variant.source)
 
 
-def fixed_kernel_problems(nvrtc, variant, options: list[str], shrink: int) -> list[str]:
+def fixed_kernel_problems(nvrtc, variant, options: list[str], shrink: int,
+                          generic_options: tuple[str, ...] = ()) -> list[str]:
     """A plan's fixed kernel of `variant` compiled for sm_90 with `options`: what is wrong
-    with it (a compile error, local memory, or a binary not under 1/shrink of the
-    generic kernel's size), as messages naming the variant; [] when nothing is."""
+    with it (a compile error, local memory, or a binary not under 1/shrink of the size of
+    the kernel it replaces, the source compiled with `generic_options`), as messages
+    naming the variant; [] when nothing is."""
     try:
         fixed, log = nvrtc.compile(variant.source, "sm_90", [*options, *PTXAS_VERBOSE])
     except RuntimeError as exc:
         return [f"{variant.key()}: {str(exc)[:1500]}"]
     problems = []
     res = nvidia_resources(log)
-    generic = nvrtc.compile(variant.source, "sm_90", [])[0]
+    generic = nvrtc.compile(variant.source, "sm_90", list(generic_options))[0]
     if res["spill_stores"] or res["spill_loads"] or res["stack"]:
         problems.append(f"{variant.key()}: local memory {res}")
     if not len(fixed) < len(generic) // shrink:

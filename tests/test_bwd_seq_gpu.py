@@ -56,7 +56,9 @@ def test_seq_builds_match_reference(rt, variant):
 
 def test_bwd_loads_the_seq_build_for_calls_with_seq_idx(tmp_path):
     """bwd() with seq_idx loads the variant's seq_idx build beside its plain one, in both
-    layouts, unless CC1D_BWD_GENERIC=1; calls without seq_idx load no second module."""
+    layouts, unless CC1D_BWD_GENERIC=1; channel-first calls without seq_idx load no second
+    module, and channel-last plans load their fixed kernel too (the seq_idx build's with
+    seq_idx) at their second run."""
     script = (
         "import torch, cc1d\n"
         "x = torch.randn(2, 64, 3000, device='cuda', dtype=torch.bfloat16)\n"
@@ -73,6 +75,6 @@ def test_bwd_loads_the_seq_build_for_calls_with_seq_idx(tmp_path):
     plain = [int(n) for n in stdout_words(script, tmp_path, "CC1D_BWD_GENERIC", CC1D_BWD_GENERIC="1")]
     seq = [int(n) for n in stdout_words(script, tmp_path, "CC1D_BWD_GENERIC")]
     assert seq[0] == plain[0] >= 1
-    for i in (1, 3):  # channel-first, then channel-last: the seq_idx build beside the plain one
-        assert seq[i] - seq[i - 1] == plain[i] - plain[i - 1] + 1
-    assert seq[2] - seq[1] == plain[2] - plain[1] >= 1  # channel-last without seq_idx: its plain build
+    assert seq[1] - seq[0] == plain[1] - plain[0] + 1  # channel-first: the seq_idx build beside the plain one
+    assert seq[2] - seq[1] == plain[2] - plain[1] + 1 >= 2  # channel-last: its plain build and the plan's fixed one
+    assert seq[3] - seq[2] == plain[3] - plain[2] + 2  # the seq_idx build and the plan's fixed seq_idx build

@@ -2,7 +2,9 @@
 // the workspace, launch cc1d_kernel then (with more than one split) cc1d_reduce on
 // the caller's stream.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <memory>
 
 #include "cc1d/cc1d.h"
 #include "dispatch.h"
@@ -109,6 +111,22 @@ std::shared_ptr<const Decision> decide_for(const BwdArgs& args, const std::strin
   return decide(bwd_call(args, layout), arch_id_for(arch, args.p.x));
 }
 
+// ---- plans' fixed kernels ---------------------------------------------------
+// A BwdPlan of a channel-last call launches its variant compiled once more with
+// bwd_fixed_options (the call's dim, optional inputs and the strides batch and
+// seqlen do not set as constants; bwd_common.cuh.j2, cc1d_bwd_fixed): 2-5 % faster
+// than the generic kernel at the ANCHORS shapes on the H200 (session 54).
+// Channel-first fixed kernels ran 10-25 % slower there, so channel-first plans
+// launch what causal_conv1d_bwd does. CC1D_BWD_GENERIC=1 turns fixed kernels off.
+bool plans_fix(Layout layout) { return env().bwd_fixed && layout == Layout::channel_last; }
+
+// Which optional inputs and outputs a call has: bias, seq_idx, initial_states,
+// dfinal_states, dinitial_states, dbias (the fixed kernel's HAS_* constants).
+unsigned optional_buffers(const BwdParams& p) {
+  return (p.bias ? 1u : 0u) | (p.seq_idx ? 2u : 0u) | (p.initial_states ? 4u : 0u) | (p.dfinal_states ? 8u : 0u) |
+         (p.dinitial_states ? 16u : 0u) | (p.dbias ? 32u : 0u);
+}
+
 void launch_on(const Location& l, const KernelVariant& v, const Functions& f, const BwdArgs& a, Layout layout) {
   Backend* backend = l.backend;
   const Dim3 max = backend->max_grid(l.device);
@@ -133,6 +151,55 @@ void launch_on(const Location& l, const KernelVariant& v, const Functions& f, co
 }
 
 }  // namespace
+
+std::vector<std::string> bwd_fixed_options(const BwdArgs& args) {
+  const Layout layout = validate_bwd(args, /*launching=*/false);
+  if (layout != Layout::channel_last) return {};
+  const BwdParams& p = args.p;
+  std::vector<std::string> o{"-DCC1D_BWD_FIXED=1"};
+  if (p.seq_idx) o.insert(o.end(), bwd_seq_build_options().begin(), bwd_seq_build_options().end());
+  const auto def = [&o](const char* name, int64_t v) { add_fixed_define(o, name, v); };
+  def("DIM", p.dim);
+  def("W_DIM_STRIDE", p.w_dim_stride);
+  def("W_WIDTH_STRIDE", p.w_width_stride);
+  def("BIAS_STRIDE", p.bias_stride);
+  def("DW_DIM_STRIDE", p.dw_dim_stride);
+  def("DW_WIDTH_STRIDE", p.dw_width_stride);
+  def("DB_STRIDE", p.db_stride);
+  const unsigned buffers = optional_buffers(p);
+  def("HAS_BIAS", buffers & 1u ? 1 : 0);
+  def("HAS_SEQ_IDX", buffers & 2u ? 1 : 0);
+  def("HAS_INITIAL_STATES", buffers & 4u ? 1 : 0);
+  def("HAS_DFINAL_STATES", buffers & 8u ? 1 : 0);
+  def("HAS_DINITIAL_STATES", buffers & 16u ? 1 : 0);
+  def("HAS_DBIAS", buffers & 32u ? 1 : 0);
+  // Channel-last: a token's pitch along seqlen, and 1 across channels.
+  def("X_L_STRIDE", p.x_l_stride);
+  def("DOUT_L_STRIDE", p.dout_l_stride);
+  def("DX_L_STRIDE", p.dx_l_stride);
+  def("X_DIM_STRIDE", p.x_dim_stride);
+  def("DOUT_DIM_STRIDE", p.dout_dim_stride);
+  def("DX_DIM_STRIDE", p.dx_dim_stride);
+  if (p.seq_idx) def("SEQ_L_STRIDE", p.seq_l_stride);
+  if (p.initial_states) {
+    def("IS_BATCH_STRIDE", p.is_batch_stride);
+    def("IS_DIM_STRIDE", p.is_dim_stride);
+    def("IS_W_STRIDE", p.is_w_stride);
+  }
+  if (p.dfinal_states) {
+    def("DFS_BATCH_STRIDE", p.dfs_batch_stride);
+    def("DFS_DIM_STRIDE", p.dfs_dim_stride);
+    def("DFS_W_STRIDE", p.dfs_w_stride);
+  }
+  if (p.dinitial_states) {
+    def("DIS_BATCH_STRIDE", p.dis_batch_stride);
+    def("DIS_DIM_STRIDE", p.dis_dim_stride);
+    def("DIS_W_STRIDE", p.dis_w_stride);
+  }
+  return o;
+}
+
+bool bwd_plan_fixes(const BwdArgs& args) { return plans_fix(validate_bwd(args, /*launching=*/false)); }
 
 void causal_conv1d_bwd(const BwdArgs& args) {
   const Layout layout = validate_bwd(args, /*launching=*/true);
@@ -177,10 +244,12 @@ void launch_bwd(const KernelVariant& v, const BwdArgs& args, LaunchAs as) {
   check_workspace(args, v, layout);
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
+  const bool fixed = as == LaunchAs::plan && plans_fix(layout);
   const bool seq = as == LaunchAs::plan && seq_build(args);
   launch_on(l, v,
-            seq ? load_fixed_functions(v, l, bwd_seq_build_options(), /*with_reduce=*/true)
-                : functions_on(l, v, /*with_reduce=*/true),
+            fixed ? load_fixed_functions(v, l, bwd_fixed_options(args), /*with_reduce=*/true)
+            : seq ? load_fixed_functions(v, l, bwd_seq_build_options(), /*with_reduce=*/true)
+                  : functions_on(l, v, /*with_reduce=*/true),
             args, layout);
 }
 
@@ -188,9 +257,57 @@ Explanation prepare_bwd(const BwdArgs& args, int device) {
   const Layout layout = validate_bwd(args, /*launching=*/false);
   const Location l = prepare_location(args.p.x, device);
   const std::shared_ptr<const Decision> d = decide_loaded(bwd_call(args, layout), l, /*with_reduce=*/true, nullptr);
-  // The seq_idx build too, so that a graph captured next can record it.
+  // The seq_idx build and a plan's fixed kernel too, so that a graph captured next can
+  // record them (plans load nothing while their stream is capturing).
   if (seq_build(args)) fixed_functions(*d->variant, l, bwd_seq_build_options(), /*may_load=*/true, true);
+  if (plans_fix(layout)) fixed_functions(*d->variant, l, bwd_fixed_options(args), /*may_load=*/true, true);
   return explanation_of(*d);
+}
+
+// ---- BwdPlan ---------------------------------------------------------------
+
+struct BwdPlan::Remembered {
+  RememberedFixed fixed;
+  std::atomic<bool> ran{false};  // run before: it may compile its fixed kernel
+};
+
+BwdPlan::BwdPlan(const BwdArgs& args) : args_(args), remembered_(std::make_unique<Remembered>()) {}
+BwdPlan::~BwdPlan() = default;
+
+void BwdPlan::run(const BwdBuffers& b, size_t workspace_bytes, void* stream) const {
+  BwdArgs a = args_;
+  BwdParams& p = a.p;
+  p.x = b.x;
+  p.weight = b.weight;
+  p.bias = b.bias;
+  p.seq_idx = b.seq_idx;
+  p.initial_states = b.initial_states;
+  p.dout = b.dout;
+  p.dfinal_states = b.dfinal_states;
+  p.dx = b.dx;
+  p.dinitial_states = b.dinitial_states;
+  p.dweight = b.dweight;
+  p.dbias = b.dbias;
+  p.partials = b.partials;
+  a.workspace_bytes = workspace_bytes;
+  a.stream = stream;
+  const Layout layout = validate_bwd(a, /*launching=*/true);
+  const Location l = locate(p.x);
+  if (l.device < 0) throw_no_device(p.x);
+  Functions f;
+  const std::shared_ptr<const Decision> d = decide_loaded(bwd_call(a, layout), l, /*with_reduce=*/true, &f);
+  check_workspace(a, *d->variant, layout);
+  if (seq_build(a))
+    f = remembered_seq_build().get(d, l, a.stream, /*inputs=*/1u, /*may_load=*/true, bwd_seq_build_options, f,
+                                   /*with_reduce=*/true);
+  if (plans_fix(layout)) {
+    // A plain load once the plan has run: only its first run writes the flag.
+    std::atomic<bool>& ran = remembered_->ran;
+    const bool may_load = ran.load(std::memory_order_relaxed) || ran.exchange(true);
+    f = remembered_->fixed.get(d, l, a.stream, optional_buffers(p), may_load, [&a] { return bwd_fixed_options(a); },
+                               f, /*with_reduce=*/true);
+  }
+  launch_on(l, *d->variant, f, a, layout);
 }
 
 }  // namespace cc1d

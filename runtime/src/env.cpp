@@ -38,6 +38,7 @@ Env read_env() {
   e.pdl_after_any = switched_on("CC1D_PDL_AFTER_ANY");
   e.fwd_fixed = !switched_on("CC1D_FWD_GENERIC");
   e.bwd_seq_build = !switched_on("CC1D_BWD_GENERIC");
+  e.bwd_fixed = e.bwd_seq_build;
   e.upd_fixed = !switched_on("CC1D_UPD_GENERIC");
   e.nvrtc_path = getenv_str("CC1D_NVRTC");
   e.hiprtc_path = getenv_str("CC1D_HIPRTC");

@@ -17,6 +17,8 @@ struct Env {
   bool fwd_fixed = true;      // false when CC1D_FWD_GENERIC=1: forward plans launch the generic kernel
   bool bwd_seq_build = true;  // false when CC1D_BWD_GENERIC=1: backward calls with seq_idx launch
                               // the plain build instead of the seq_idx one (backward.cpp)
+  bool bwd_fixed = true;      // false when CC1D_BWD_GENERIC=1: channel-last backward plans launch
+                              // the generic kernel (backward.cpp)
   bool upd_fixed = true;      // false when CC1D_UPD_GENERIC=1: update plans launch the generic kernel
   bool log_dispatch = false;  // CC1D_LOG names "dispatch" (comma-separated list): log each new decision
   std::string kernels_dir() const { return cache_dir + "/kernels"; }

@@ -170,10 +170,31 @@ UpdArgs make_upd_args(const UpdPtrs& ptrs, const UpdSizes& sizes, const UpdStrid
 // keeps one per call signature, so that a call converts only its pointers and
 // stream: converting fwd()'s and bwd()'s tuples costs more than the rest of the
 // binding. The calls check and dispatch exactly as fwd() and bwd() do; the
-// forward's is cc1d::FwdPlan, which also remembers its launch.
-struct BwdPlan {
+// forward's is cc1d::FwdPlan, which also remembers its launch, the backward's
+// cc1d::BwdPlan (its fixed kernel).
+struct BwdPlanHandle {
   BwdArgs args;
+  std::shared_ptr<const cc1d::BwdPlan> plan;
 };
+
+BwdBuffers bwd_buffers(int64_t x, int64_t weight, int64_t bias, int64_t seq_idx, int64_t initial_states, int64_t dout,
+                       int64_t dfinal_states, int64_t dx, int64_t dinitial_states, int64_t dweight, int64_t dbias,
+                       int64_t partials) {
+  BwdBuffers b;
+  b.x = as_ptr<const void>(x);
+  b.weight = as_ptr<const void>(weight);
+  b.bias = as_ptr<const void>(bias);
+  b.seq_idx = as_ptr<const int32_t>(seq_idx);
+  b.initial_states = as_ptr<const void>(initial_states);
+  b.dout = as_ptr<const void>(dout);
+  b.dfinal_states = as_ptr<const void>(dfinal_states);
+  b.dx = as_ptr<void>(dx);
+  b.dinitial_states = as_ptr<void>(dinitial_states);
+  b.dweight = as_ptr<void>(dweight);
+  b.dbias = as_ptr<void>(dbias);
+  b.partials = as_ptr<float>(partials);
+  return b;
+}
 
 py::dict variant_dict(const KernelVariant& v) {
   py::dict d;
@@ -485,19 +506,42 @@ PYBIND11_MODULE(_cc1d, m) {
       "arch='' takes the target of x's device (and then compiles and loads the kernels, as prepare_bwd). "
       "Touches no memory.");
 
-  py::class_<BwdPlan>(m, "BwdPlan",
+  m.def(
+      "bwd_fixed_options",
+      [](const BwdPtrs& ptrs, const Sizes& sizes, const BwdStrides& strides, int x_dtype, int w_dtype, bool silu) {
+        return cc1d::bwd_fixed_options(make_bwd_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, 0, 0));
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
+      py::arg("silu"),
+      "bwd_fixed_options(<bwd's arguments but workspace_bytes and stream>) -> list of str: the compiler options "
+      "of a backward plan's fixed kernel for such calls (channel-last: dim, the optional inputs and outputs and "
+      "the strides batch and seqlen do not set as constants); [] for channel-first calls.");
+
+  m.def(
+      "bwd_plan_fixes",
+      [](const BwdPtrs& ptrs, const Sizes& sizes, const BwdStrides& strides, int x_dtype, int w_dtype, bool silu) {
+        return cc1d::bwd_plan_fixes(make_bwd_args(ptrs, sizes, strides, x_dtype, w_dtype, silu, 0, 0));
+      },
+      py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"),
+      py::arg("silu"),
+      "bwd_plan_fixes(<bwd's arguments but workspace_bytes and stream>) -> bool: whether backward plans for such "
+      "calls launch fixed kernels (channel-last; not with CC1D_BWD_GENERIC=1).");
+
+  py::class_<BwdPlanHandle>(m, "BwdPlan",
                       "BwdPlan(sizes, strides, x_dtype, w_dtype, silu): bwd's arguments but the pointers, "
                       "workspace_bytes and the stream, converted once. plan.workspace_bytes(<12 pointers>) is "
                       "bwd_workspace_bytes(<12 pointers>, ..., arch=''); plan(<12 pointers>, workspace_bytes, stream) "
-                      "is bwd. Pointers in bwd's order: x, weight, bias, seq_idx, initial_states, dout, "
-                      "dfinal_states, dx, dinitial_states, dweight, dbias, partials.")
+                      "is bwd through cc1d::BwdPlan (a channel-last plan launches its fixed kernel from its second "
+                      "run on: bwd_fixed_options). Pointers in bwd's order: x, weight, bias, seq_idx, "
+                      "initial_states, dout, dfinal_states, dx, dinitial_states, dweight, dbias, partials.")
       .def(py::init([](const Sizes& sizes, const BwdStrides& strides, int x_dtype, int w_dtype, bool silu) {
-             return BwdPlan{make_bwd_args(BwdPtrs{}, sizes, strides, x_dtype, w_dtype, silu, 0, 0)};
+             const BwdArgs a = make_bwd_args(BwdPtrs{}, sizes, strides, x_dtype, w_dtype, silu, 0, 0);
+             return BwdPlanHandle{a, std::make_shared<const cc1d::BwdPlan>(a)};
            }),
            py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"), py::arg("silu"))
       .def(
           "workspace_bytes",
-          [](const BwdPlan& plan, int64_t x, int64_t weight, int64_t bias, int64_t seq_idx, int64_t initial_states,
+          [](const BwdPlanHandle& plan, int64_t x, int64_t weight, int64_t bias, int64_t seq_idx, int64_t initial_states,
              int64_t dout, int64_t dfinal_states, int64_t dx, int64_t dinitial_states, int64_t dweight,
              int64_t dbias, int64_t partials) {
             BwdArgs a = plan.args;
@@ -511,16 +555,13 @@ PYBIND11_MODULE(_cc1d, m) {
           py::arg("dbias"), py::arg("partials"))
       .def(
           "__call__",
-          [](const BwdPlan& plan, int64_t x, int64_t weight, int64_t bias, int64_t seq_idx, int64_t initial_states,
+          [](const BwdPlanHandle& plan, int64_t x, int64_t weight, int64_t bias, int64_t seq_idx, int64_t initial_states,
              int64_t dout, int64_t dfinal_states, int64_t dx, int64_t dinitial_states, int64_t dweight,
              int64_t dbias, int64_t partials, size_t workspace_bytes, int64_t stream) {
-            BwdArgs a = plan.args;
-            set_ptrs(a.p, BwdPtrs{x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx,
-                                  dinitial_states, dweight, dbias, partials});
-            a.workspace_bytes = workspace_bytes;
-            a.stream = as_ptr<void>(stream);
+            const BwdBuffers b = bwd_buffers(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx,
+                                             dinitial_states, dweight, dbias, partials);
             py::gil_scoped_release nogil;
-            causal_conv1d_bwd(a);
+            plan.plan->run(b, workspace_bytes, as_ptr<void>(stream));
           },
           py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("seq_idx"), py::arg("initial_states"),
           py::arg("dout"), py::arg("dfinal_states"), py::arg("dx"), py::arg("dinitial_states"), py::arg("dweight"),
@@ -538,8 +579,9 @@ PYBIND11_MODULE(_cc1d, m) {
       py::arg("variant"), py::arg("ptrs"), py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"),
       py::arg("w_dtype"), py::arg("silu"), py::arg("workspace_bytes"), py::arg("stream"), py::arg("as_plan") = false,
       "launch_bwd(variant, <bwd's arguments>, as_plan=False): exactly this variant (its workspace need uses its "
-      "own tiles): its plain build, or with as_plan what bwd() launches for it (the seq_idx build of a "
-      "call with seq_idx; CompileError's RuntimeError if that does not compile).");
+      "own tiles): its plain build, or with as_plan what a BwdPlan launches for it (a channel-last call's "
+      "fixed kernel, a channel-first call's seq_idx build where it has seq_idx; CompileError's RuntimeError if "
+      "that does not compile).");
 
   m.def(
       "bwd_seq_build_options", [] { return cc1d::bwd_seq_build_options(); },

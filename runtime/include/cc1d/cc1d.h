@@ -261,16 +261,65 @@ Explanation prepare_bwd(const BwdArgs& args, int device = -1);
 
 // Launches exactly this variant's kernels (tests, tuner). Its workspace
 // need is splits * dim * (width + 1) * 4 bytes with this variant's tiles.
-// LaunchAs::plan launches what causal_conv1d_bwd would for this variant: for
-// calls with seq_idx, its seq_idx build (the source compiled with
-// -DCC1D_BWD_SEQ_TILES=1: full segments or steps that read sequence ids;
-// CompileError where it does not compile), unless CC1D_BWD_GENERIC=1; else the
-// plain build.
+// LaunchAs::plan launches what a BwdPlan would for this variant (CompileError
+// where that does not compile), unless CC1D_BWD_GENERIC=1: for channel-last calls
+// its fixed kernel (bwd_fixed_options); for channel-first calls with seq_idx its
+// seq_idx build (the source compiled with -DCC1D_BWD_SEQ_TILES=1: full segments
+// that read sequence ids); else the plain build.
 void launch_bwd(const KernelVariant& v, const BwdArgs& args, LaunchAs as = LaunchAs::generic);
 
 // The compiler options of a variant's seq_idx build ({"-DCC1D_BWD_SEQ_TILES=1"}):
 // what calls with seq_idx run, and so what the tuner timed for shapes with seq_idx.
 const std::vector<std::string>& bwd_seq_build_options();
+
+// The compiler options of a backward plan's fixed kernel for such calls: for a
+// channel-last call -DCC1D_BWD_FIXED=1 (with seq_idx also the seq_idx build's)
+// and dim, the optional inputs and outputs and the strides batch and seqlen do
+// not set as constants; empty for a channel-first call, whose plans launch no
+// fixed kernel. Checks the arguments as select_bwd does.
+std::vector<std::string> bwd_fixed_options(const BwdArgs& args);
+
+// Whether backward plans for such calls launch fixed kernels (channel-last; not
+// with CC1D_BWD_GENERIC=1).
+bool bwd_plan_fixes(const BwdArgs& args);
+
+// A backward call's buffers (BwdParams' pointers, in its order).
+struct BwdBuffers {
+  const void* x = nullptr;
+  const void* weight = nullptr;
+  const void* bias = nullptr;
+  const int32_t* seq_idx = nullptr;
+  const void* initial_states = nullptr;
+  const void* dout = nullptr;
+  const void* dfinal_states = nullptr;
+  void* dx = nullptr;
+  void* dinitial_states = nullptr;
+  void* dweight = nullptr;
+  void* dbias = nullptr;
+  float* partials = nullptr;
+};
+
+// Repeated backward calls of one kind (sizes, strides, dtypes, width, silu), as
+// in training steps: run(buffers, workspace_bytes, stream) is causal_conv1d_bwd
+// with `args`' non-pointer fields and these buffers, same checks, same variant.
+// A channel-last plan launches the variant's fixed kernel (bwd_fixed_options),
+// compiled and loaded from its second run on, outside stream capture
+// (prepare_bwd loads it too); the generic kernel on its first run, while none is
+// loaded, if it fails, for channel-first calls, or with CC1D_BWD_GENERIC=1. Both
+// give the same bits. Thread-safe; not copyable.
+class BwdPlan {
+ public:
+  explicit BwdPlan(const BwdArgs& args);  // args.p's pointers, workspace_bytes and stream are not used
+  ~BwdPlan();
+  BwdPlan(const BwdPlan&) = delete;
+  BwdPlan& operator=(const BwdPlan&) = delete;
+  void run(const BwdBuffers& buffers, size_t workspace_bytes, void* stream) const;
+
+ private:
+  struct Remembered;
+  BwdArgs args_;
+  std::unique_ptr<Remembered> remembered_;
+};
 
 // ---- varlen prefill (serving engines: packed sequences and a state pool) ----
 // x (dim, total_tokens) packs num_seqs sequences, sequence i at tokens
