@@ -1,6 +1,7 @@
-"""FwdProblem.shape_plan_options (what `db rerender` compares a forward winner's fixed
-kernel with) gives the options plan_options gives for the buffers the tuner times: real
-CPU buffers from make_inputs/make_outputs, every layout and optional input."""
+"""FwdProblem.shape_plan_options and BwdProblem.shape_plan_options (what `db rerender`
+compares a forward or backward winner's fixed kernel with) give the options plan_options
+gives for the buffers the tuner times: real CPU buffers from make_inputs/make_outputs,
+every layout and optional input."""
 from __future__ import annotations
 
 import itertools
@@ -9,7 +10,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from cc1d.tuner.problems import FwdProblem  # noqa: E402
+from cc1d.tuner.problems import BwdProblem, FwdProblem  # noqa: E402
 from cc1d.tuner.shapes import Shape  # noqa: E402
 
 
@@ -37,3 +38,15 @@ def test_shape_plan_options_match_the_timed_buffers(rt, layout, dtypes, width, f
     assert problem.shape_plan_options(rt, shape) == want
     # channel-last and channel-first from width 5 or with seq_idx run fixed kernels
     assert (want is not None) == (layout == "cl" or width >= 5 or "seq_idx" in features)
+
+
+@pytest.mark.parametrize("layout,dtypes,width,features",
+                         list(itertools.product(("cf", "cl"), (("bf16", "bf16"), ("f32", "f32"), ("bf16", "f32")),
+                                                (2, 4, 8), FEATURES)))
+def test_backward_shape_plan_options_match_the_timed_buffers(rt, layout, dtypes, width, features):
+    shape = Shape("bwd", layout, *dtypes, width, 3, 136, 77, **features)
+    problem = BwdProblem()
+    inputs = problem.make_inputs(shape, seed=1, device="cpu")
+    want = problem.plan_options(rt, shape, inputs, problem.make_outputs(shape, inputs))
+    assert problem.shape_plan_options(rt, shape) == want
+    assert (want is not None) == (layout == "cl")  # channel-last backward plans run fixed kernels

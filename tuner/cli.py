@@ -153,19 +153,19 @@ def _runtime() -> Any:
 
 def _timed_builds(rt: Any, winner: dict) -> list[tuple[str, list[str]]]:
     """(name, compiler options) of each kernel a winner's time was measured with: the plain
-    source; for a forward or update shape whose plans launch a fixed kernel, that
-    kernel's (the tuner timed it); for a backward shape with seq_idx, its seq_idx build
-    (what such calls run)."""
+    source; for a shape whose plans launch a fixed kernel (forward, update, channel-last
+    backward), that kernel's (the tuner timed it); for another backward shape with
+    seq_idx, its seq_idx build (what such calls run)."""
     shape = Shape.of(family_from_key(winner["family_key"]), int(winner["batch"]), int(winner["dim"]),
                      int(winner["seqlen"]), str(winner["features"]).split(","))
     builds: list[tuple[str, list[str]]] = [("plain", [])]
-    if shape.op in ("fwd", "upd"):
+    if shape.op in ("fwd", "upd", "bwd"):
         from .problems import problem_for
         fixed = problem_for(shape.op).shape_plan_options(rt, shape)
         if fixed is not None:
             builds.append(("fixed", list(fixed)))
-    if shape.op == "bwd" and shape.seq_idx:
-        builds.append(("seq_idx", list(rt.bwd_seq_build_options())))
+        elif shape.op == "bwd" and shape.seq_idx:
+            builds.append(("seq_idx", list(rt.bwd_seq_build_options())))
     return builds
 
 

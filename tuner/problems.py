@@ -228,8 +228,39 @@ class BwdProblem:
                               outputs.get("dbias"), outputs["workspace"], shape.activation == "silu")
         nbytes = 4 * bwd_splits(shape, kernel["tile_l"], kernel["tile_d"], kernel["split_blocks"]) \
             * shape.dim * (shape.width + 1)
-        # as_plan: the kernel users' calls run (the seq_idx build of calls with seq_idx)
+        # as_plan: the kernel users' calls run (a channel-last plan's fixed kernel; the
+        # seq_idx build of a channel-first call with seq_idx)
         rt.launch_bwd(kernel, *args, nbytes, stream, as_plan=True)
+
+    def plan_options(self, rt: Any, shape: Shape, inputs: dict[str, Any],
+                     outputs: dict[str, Any]) -> list[str] | None:
+        """The compiler options of the fixed kernel that launch() runs for these buffers
+        (rt.bwd_plan_fixes: channel-last), or None where it runs a build without
+        constants (the seq_idx build is compiled at its first launch, as before)."""
+        from ..backward import _bwd_call_args
+        args = _bwd_call_args(inputs["x"], inputs["weight"], inputs["bias"], inputs["seq_idx"],
+                              inputs["initial_states"], inputs["dout"], inputs["dfinal_states"],
+                              outputs["dx"], outputs.get("dinitial_states"), outputs["dweight"],
+                              outputs.get("dbias"), outputs["workspace"], shape.activation == "silu")
+        return rt.bwd_fixed_options(*args) if rt.bwd_plan_fixes(*args) else None
+
+    def shape_plan_options(self, rt: Any, shape: Shape) -> list[str] | None:
+        """plan_options for the buffers make_inputs and make_outputs would give the shape,
+        without allocating them (their layouts alone, as FwdProblem.shape_plan_options)."""
+        d, l, w = shape.dim, shape.seqlen, shape.width
+        seq_major = (d * l, 1, d) if shape.layout == "cl" else (d * l, l, 1)
+        states = (d * (w - 1), w - 1, 1)
+        init, final = shape.initial_states, shape.final_states
+        at = lambda present, slot: PlannedBuffer((), slot).data_ptr() if present else 0  # noqa: E731
+        ptrs = tuple(at(present, slot) for slot, present in enumerate(
+            (True, True, shape.bias, shape.seq_idx, init, True, final, True, init, True, shape.bias, True)))
+        strides = (*seq_major, w, 1, 1 if shape.bias else 0, *seq_major, *seq_major,
+                   *((l, 1) if shape.seq_idx else (0, 0)), *(states if init else (0, 0, 0)),
+                   *(states if final else (0, 0, 0)), *(states if init else (0, 0, 0)), w, 1,
+                   1 if shape.bias else 0)
+        args = (ptrs, (shape.batch, d, l, w), strides, DTYPE_CODES[shape.x_dtype], DTYPE_CODES[shape.w_dtype],
+                shape.activation == "silu")
+        return rt.bwd_fixed_options(*args) if rt.bwd_plan_fixes(*args) else None
 
 
 def varlen_lengths(num_seqs: int, total: int) -> list[int]:

@@ -131,6 +131,13 @@ cc1d::BwdArgs good_bwd_args() {
   return a;
 }
 
+// a's pointers, for BwdPlan::run.
+cc1d::BwdBuffers bwd_buffers_of(const cc1d::BwdArgs& a) {
+  const cc1d::BwdParams& p = a.p;
+  return {p.x, p.weight, p.bias, p.seq_idx, p.initial_states, p.dout, p.dfinal_states, p.dx, p.dinitial_states,
+          p.dweight, p.dbias, p.partials};
+}
+
 // The bad-input matrix (issue 8) as a table: one mutation of a valid call per
 // row, run through every forward entry point (launching, deciding, preparing).
 struct FwdRow {
@@ -314,6 +321,28 @@ void test_bwd_validation() {
   using cc1d::TypeMismatch;
   auto run = [](cc1d::BwdArgs a) { return [a] { cc1d::causal_conv1d_bwd(a); }; };
   auto size = [](cc1d::BwdArgs a) { return [a] { cc1d::bwd_workspace_bytes(a, "sm_999"); }; };
+  // A plan checks each run's buffers as causal_conv1d_bwd checks its call.
+  auto planned = [](cc1d::BwdArgs a) {
+    return [a] { cc1d::BwdPlan(a).run(bwd_buffers_of(a), a.workspace_bytes, a.stream); };
+  };
+  { auto a = good_bwd_args(); a.p.dout = nullptr;
+    check_throws<InvalidArgument>(planned(a), "dout must not be null", "BwdPlan::run: dout null"); }
+  { auto a = good_bwd_args(); a.p.partials += 2;
+    check_throws<InvalidArgument>(planned(a), "partials (the workspace) must be 16-byte aligned",
+                                  "BwdPlan::run: partials alignment"); }
+  check(cc1d::bwd_fixed_options(good_bwd_args()).empty() && !cc1d::bwd_plan_fixes(good_bwd_args()),
+        "channel-first backward plans fix nothing");
+  { auto a = good_bwd_args();
+    a.p.x_dim_stride = a.p.dout_dim_stride = a.p.dx_dim_stride = 1;
+    a.p.x_l_stride = a.p.dout_l_stride = a.p.dx_l_stride = 8;
+    const std::vector<std::string> o = cc1d::bwd_fixed_options(a);
+    check(cc1d::bwd_plan_fixes(a) && !o.empty() && o[0] == "-DCC1D_BWD_FIXED=1",
+          "channel-last backward plans compile a fixed kernel");
+    check(std::find(o.begin(), o.end(), "-DCC1D_FIX_X_L_STRIDE=((long long)8ULL)") != o.end(),
+          "the fixed kernel's token pitch");
+    a.width = 9;
+    check_throws<InvalidArgument>([a] { cc1d::bwd_fixed_options(a); }, "width must be in [2, 8], got 9",
+                                  "bwd_fixed_options checks the call"); }
   { auto a = good_bwd_args(); a.width = 1; check_throws<InvalidArgument>(run(a), "width must be in [2, 8], got 1", "bwd: width range"); }
   { auto a = good_bwd_args(); a.p.batch = 0; check_throws<InvalidArgument>(run(a), "batch must be >= 1, got 0", "bwd: batch >= 1"); }
   { auto a = good_bwd_args(); a.x_dtype = cc1d::DType::bf16; a.w_dtype = cc1d::DType::f16;
@@ -471,6 +500,12 @@ void test_no_driver() {
   }
   check_throws<cc1d::BackendError>([] { cc1d::causal_conv1d_bwd(good_bwd_args()); }, "no GPU backend owns pointer",
                                    "causal_conv1d_bwd without a GPU");
+  check_throws<cc1d::BackendError>(
+      [] {
+        const cc1d::BwdArgs b = good_bwd_args();
+        cc1d::BwdPlan(b).run(bwd_buffers_of(b), b.workspace_bytes, nullptr);
+      },
+      "no GPU backend owns pointer", "BwdPlan::run without a GPU");
   check_throws<cc1d::BackendError>([&a] { cc1d::FwdPlan(a).run(buffers_of(a), nullptr); },
                                    "no GPU backend owns pointer", "FwdPlan::run without a GPU");
   check_throws<cc1d::BackendError>([] { cc1d::UpdPlan(good_upd_args()).run(upd_buffers_of(good_upd_args()), nullptr); },
