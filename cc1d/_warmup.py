@@ -138,7 +138,8 @@ def warmup(shapes: Iterable[Sequence[int]], *, dtype: torch.dtype = torch.bfloat
     Afterwards the warmed-up calls can be captured in a ``torch.cuda.CUDAGraph``.
 
     With ``backward=True`` the backward kernels of those calls (autograd's, or
-    ``cc1d.causal_conv1d_bwd`` with a fresh dout) are made ready too.
+    ``cc1d.causal_conv1d_bwd`` with a fresh dout) are made ready too, the fixed
+    kernels of channel-last backward plans included.
 
     Returns one dict per shape, as ``cc1d.explain`` gives: the kernel picked and
     why; with ``backward=True`` one ``{"fwd": ..., "bwd": ...}`` pair of them.

@@ -407,6 +407,21 @@ def test_db_rerender_compares_the_fixed_kernel_a_forward_winner_was_timed_with(n
     assert hashes[cf.family.key()] == cf.hash() and hashes[cl.family.key()] != cl.hash()
 
 
+def test_db_rerender_compares_the_fixed_kernel_a_backward_winner_was_timed_with(nvrtc_rt, tmp_path, capsys):
+    """Channel-last backward plans launch a fixed kernel, and the tuner timed that: a change
+    behind CC1D_BWD_FIXED leaves a channel-last winner for a re-tune, and re-renders a
+    channel-first one, whose plans run the generic kernel."""
+    cf, cl = (default_variant(next(f for f in families("bwd", lay) if f.width == 4)) for lay in ("cf", "cl"))
+    path = tmp_path / "r.db"
+    with TuningDB(path) as db:
+        for v in (cf, cl):
+            _store_winner(db, v, v.source + _behind("CC1D_BWD_FIXED"), "b2.d64.l40.bias.silu", 2, 64, 40)
+    code, out, _ = run(["db", "rerender", "--db", path], capsys)
+    assert code == 1 and "1 winners re-rendered" in out and "1 left" in out, out
+    assert f"re-rendered sm_90 {cf.family.key()} " in out
+    assert f"LEFT sm_90 {cl.family.key()} b2.d64.l40.bias.silu ({cl.key()}): its kernel (fixed build) changed" in out
+
+
 def test_db_rerender_compares_the_fixed_kernel_an_update_winner_was_timed_with(nvrtc_rt, tmp_path, capsys):
     """Update plans always launch a fixed kernel: a change behind CC1D_UPD_FIXED alone
     leaves an update winner for a re-tune."""
