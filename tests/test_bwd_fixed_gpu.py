@@ -13,24 +13,15 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")]
 
 import cc1d  # noqa: E402
-from cc1d import backward, ops  # noqa: E402
+from cc1d import backward  # noqa: E402
 
 from fresh_process import stdout_words  # noqa: E402
 from fwd_cases import Case, make_inputs, poisoned  # noqa: E402
 from test_backward_gpu import check_grads, make_grads, reference_grads  # noqa: E402
+# autouse there, and here once imported: every gradient buffer the backward allocates starts as NaN
+from test_backward_gpu import poison_gradient_buffers  # noqa: E402,F401
 
 PAIRS = (("bf16", "bf16"), ("f32", "f32"), ("f16", "f16"), ("bf16", "f32"), ("f16", "f32"))
-
-
-@pytest.fixture(autouse=True)
-def poison_gradient_buffers(monkeypatch):
-    """Every buffer the backward allocates starts as NaN: an unwritten element fails."""
-    real_layout, real_like, real_new = ops._empty_like_layout, ops._empty_like, backward._new_output
-    monkeypatch.setattr(ops, "_empty_like_layout",
-                        lambda x, shape, dtype=None: real_layout(x, shape, dtype).fill_(float("nan")))
-    monkeypatch.setattr(ops, "_empty_like", lambda x: real_like(x).fill_(float("nan")))
-    monkeypatch.setattr(backward, "_new_output",
-                        lambda shape, dtype, device: real_new(shape, dtype, device).fill_(float("nan")))
 
 
 def _bits(t):

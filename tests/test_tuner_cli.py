@@ -388,16 +388,17 @@ def test_db_rerender_compares_the_seq_idx_build_of_shapes_with_seq_idx(nvrtc_rt,
     assert hashes["b1.d64.l8.bias.silu"] == v.hash() and hashes["b1.d64.l8.bias.silu.seqidx"] != v.hash()
 
 
-def test_db_rerender_compares_the_fixed_kernel_a_forward_winner_was_timed_with(nvrtc_rt, tmp_path, capsys):
-    """Channel-last forward plans launch a fixed kernel (the source compiled with the call's
-    sizes and strides as constants), and the tuner timed that: a change behind
-    CC1D_FWD_FIXED leaves such a winner for a re-tune, and re-renders a channel-first width-4
-    winner, whose plans run the generic kernel."""
-    cf, cl = (default_variant(next(f for f in families("fwd", lay) if f.width == 4)) for lay in ("cf", "cl"))
+@pytest.mark.parametrize("op,macro", [("fwd", "CC1D_FWD_FIXED"), ("bwd", "CC1D_BWD_FIXED")])
+def test_db_rerender_compares_the_fixed_kernel_a_winner_was_timed_with(nvrtc_rt, tmp_path, capsys, op, macro):
+    """Channel-last forward and backward plans launch a fixed kernel (the source compiled
+    with the call's sizes and strides as constants), and the tuner timed that: a change
+    behind CC1D_FWD_FIXED / CC1D_BWD_FIXED leaves such a winner for a re-tune, and
+    re-renders a channel-first width-4 winner, whose plans run the generic kernel."""
+    cf, cl = (default_variant(next(f for f in families(op, lay) if f.width == 4)) for lay in ("cf", "cl"))
     path = tmp_path / "r.db"
     with TuningDB(path) as db:
         for v in (cf, cl):
-            _store_winner(db, v, v.source + _behind("CC1D_FWD_FIXED"), "b2.d64.l40.bias.silu", 2, 64, 40)
+            _store_winner(db, v, v.source + _behind(macro), "b2.d64.l40.bias.silu", 2, 64, 40)
     code, out, _ = run(["db", "rerender", "--db", path], capsys)
     assert code == 1 and "1 winners re-rendered" in out and "1 left" in out, out
     assert f"re-rendered sm_90 {cf.family.key()} " in out
@@ -405,21 +406,6 @@ def test_db_rerender_compares_the_fixed_kernel_a_forward_winner_was_timed_with(n
     with TuningDB(path, readonly=True) as db:
         hashes = {w["family_key"]: w["source_hash"] for w in db.winners()}
     assert hashes[cf.family.key()] == cf.hash() and hashes[cl.family.key()] != cl.hash()
-
-
-def test_db_rerender_compares_the_fixed_kernel_a_backward_winner_was_timed_with(nvrtc_rt, tmp_path, capsys):
-    """Channel-last backward plans launch a fixed kernel, and the tuner timed that: a change
-    behind CC1D_BWD_FIXED leaves a channel-last winner for a re-tune, and re-renders a
-    channel-first one, whose plans run the generic kernel."""
-    cf, cl = (default_variant(next(f for f in families("bwd", lay) if f.width == 4)) for lay in ("cf", "cl"))
-    path = tmp_path / "r.db"
-    with TuningDB(path) as db:
-        for v in (cf, cl):
-            _store_winner(db, v, v.source + _behind("CC1D_BWD_FIXED"), "b2.d64.l40.bias.silu", 2, 64, 40)
-    code, out, _ = run(["db", "rerender", "--db", path], capsys)
-    assert code == 1 and "1 winners re-rendered" in out and "1 left" in out, out
-    assert f"re-rendered sm_90 {cf.family.key()} " in out
-    assert f"LEFT sm_90 {cl.family.key()} b2.d64.l40.bias.silu ({cl.key()}): its kernel (fixed build) changed" in out
 
 
 def test_db_rerender_compares_the_fixed_kernel_an_update_winner_was_timed_with(nvrtc_rt, tmp_path, capsys):

@@ -219,13 +219,17 @@ class BwdProblem:
             want["dinitial_states"] = s.grad
         return want
 
-    def launch(self, rt: Any, kernel: dict, shape: Shape, inputs: dict[str, Any],
-               outputs: dict[str, Any], stream: int) -> None:
+    def launch_args(self, shape: Shape, inputs: dict[str, Any], outputs: dict[str, Any]) -> tuple:
+        """launch_bwd's (ptrs, sizes, strides, x_dtype, w_dtype, silu) for these buffers."""
         from ..backward import _bwd_call_args
-        args = _bwd_call_args(inputs["x"], inputs["weight"], inputs["bias"], inputs["seq_idx"],
+        return _bwd_call_args(inputs["x"], inputs["weight"], inputs["bias"], inputs["seq_idx"],
                               inputs["initial_states"], inputs["dout"], inputs["dfinal_states"],
                               outputs["dx"], outputs.get("dinitial_states"), outputs["dweight"],
                               outputs.get("dbias"), outputs["workspace"], shape.activation == "silu")
+
+    def launch(self, rt: Any, kernel: dict, shape: Shape, inputs: dict[str, Any],
+               outputs: dict[str, Any], stream: int) -> None:
+        args = self.launch_args(shape, inputs, outputs)
         nbytes = 4 * bwd_splits(shape, kernel["tile_l"], kernel["tile_d"], kernel["split_blocks"]) \
             * shape.dim * (shape.width + 1)
         # as_plan: the kernel users' calls run (a channel-last plan's fixed kernel; the
@@ -237,11 +241,7 @@ class BwdProblem:
         """The compiler options of the fixed kernel that launch() runs for these buffers
         (rt.bwd_plan_fixes: channel-last), or None where it runs a build without
         constants (the seq_idx build is compiled at its first launch, as before)."""
-        from ..backward import _bwd_call_args
-        args = _bwd_call_args(inputs["x"], inputs["weight"], inputs["bias"], inputs["seq_idx"],
-                              inputs["initial_states"], inputs["dout"], inputs["dfinal_states"],
-                              outputs["dx"], outputs.get("dinitial_states"), outputs["dweight"],
-                              outputs.get("dbias"), outputs["workspace"], shape.activation == "silu")
+        args = self.launch_args(shape, inputs, outputs)
         return rt.bwd_fixed_options(*args) if rt.bwd_plan_fixes(*args) else None
 
     def shape_plan_options(self, rt: Any, shape: Shape) -> list[str] | None:
