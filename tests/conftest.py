@@ -58,6 +58,20 @@ def rocm_trixie_script() -> Path | None:
     return next((c for c in candidates if c.is_file()), None)
 
 
+@pytest.fixture(scope="session")
+def trixie():
+    """rocm-trixie.sh, set up; skips where it is missing or its setup fails (no hipRTC
+    that knows gfx942)."""
+    import subprocess
+    script = rocm_trixie_script()
+    if script is None:
+        pytest.skip("rocm-trixie.sh not found (set CC1D_ROCM_TRIXIE_SH): no hipRTC that knows gfx942")
+    setup = subprocess.run(["bash", str(script), "setup"], capture_output=True, text=True)
+    if setup.returncode:
+        pytest.skip(f"rocm-trixie.sh setup failed: {setup.stderr.strip()[-500:]}")
+    return script
+
+
 def pythonpath_with(folder) -> str:
     """A child process's PYTHONPATH: `folder` first, then the caller's own (a cc1d found
     through it must stay importable there)."""

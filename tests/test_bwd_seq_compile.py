@@ -10,7 +10,7 @@ from cc1d.generator import default_variant, families
 from cc1d.generator.covering import all_covering
 
 from compile_checks import with_defines
-from test_compile_amd import _assert_no_scratch, _compile_batch, trixie  # noqa: F401 (fixture)
+from test_compile_amd import compile_for_amd
 from variant_sets import covering_and_shipped
 
 SEQ_BUILD = ["-DCC1D_BWD_SEQ_TILES=1"]
@@ -33,11 +33,8 @@ def test_seq_builds_compile_for_sm90(nvrtc, layout):
 
 
 @pytest.mark.amd
-def test_seq_builds_compile_for_gfx942(trixie):  # noqa: F811
+def test_seq_builds_compile_for_gfx942(trixie):
     """Through hipRTC (the macro as a #define line: the worker passes no options)."""
     chosen = [with_defines(v, SEQ_BUILD, "seq") for v in all_covering("gfx942") if v.family.op == "bwd"]
     defaults = {f"{default_variant(f, 'gfx942').key()}+seq" for f in families("bwd")}
-    results = _compile_batch(trixie, "gfx942", chosen)
-    failed = [f"{r['key']}: {r['log'][-1500:]}" for r in results if not r["ok"]]
-    assert not failed, "\n".join(failed)
-    _assert_no_scratch([r for r in results if r["key"] in defaults])
+    compile_for_amd(trixie, "gfx942", chosen, no_scratch=defaults)

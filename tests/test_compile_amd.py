@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pythonpath_with, rocm_trixie_script
+from conftest import pythonpath_with
 from cc1d.generator.covering import all_covering
 
 from cc1d.generator import default_variant, families
@@ -23,17 +23,6 @@ WORKER = Path(__file__).with_name("amd_compile_worker.py")
 # --all-variants (they double the AMD compile time of a CPU-only CI run).
 AMD_TARGETS = ["gfx942", pytest.param("gfx90a", marks=pytest.mark.all_variants)]
 DEFAULT_KEYS = {default_variant(f, t).key() for f in families() for t in ("gfx942", "gfx90a")}
-
-
-@pytest.fixture(scope="module")
-def trixie():
-    script = rocm_trixie_script()
-    if script is None:
-        pytest.skip("rocm-trixie.sh not found (set CC1D_ROCM_TRIXIE_SH): no hipRTC that knows gfx942")
-    setup = subprocess.run(["bash", str(script), "setup"], capture_output=True, text=True)
-    if setup.returncode:
-        pytest.skip(f"rocm-trixie.sh setup failed: {setup.stderr.strip()[-500:]}")
-    return script
 
 
 def _compile_batch(script, target, variants):
@@ -58,14 +47,11 @@ def _compile_batch(script, target, variants):
 @pytest.mark.parametrize("target", AMD_TARGETS)
 def test_covering_set_compiles_for_amd(trixie, target):
     chosen = all_covering(target)
-    results = _compile_batch(trixie, target, chosen)
+    # Tuning candidates may spill (the tuner times them); the untuned ones may not.
+    results = compile_for_amd(trixie, target, chosen, no_scratch=DEFAULT_KEYS)
     assert len(results) == len(chosen)
-    failed = [f"{r['key']}: {r['log'][-1500:]}" for r in results if not r["ok"]]
-    assert not failed, "\n".join(failed)
     missing = [r["key"] for r in results if "vgpr_spill_count" not in r["resources"]]
     assert not missing, f"no resource metadata in the code objects of {missing[:5]}"
-    # Tuning candidates may spill (the tuner times them); the untuned ones may not.
-    _assert_no_scratch([r for r in results if r["key"] in DEFAULT_KEYS])
 
 
 def _assert_no_scratch(results):
@@ -75,11 +61,20 @@ def _assert_no_scratch(results):
     assert not spills, "scratch use (spills):\n" + "\n".join(spills)
 
 
+def compile_for_amd(script, target, variants, no_scratch=None):
+    """Compiles `variants` (anything with key() and source) for `target` through hipRTC
+    and fails unless every one compiles and none of `no_scratch` (keys; every variant when
+    None) uses scratch. Returns the results in the order of `variants`."""
+    results = _compile_batch(script, target, variants)
+    failed = [f"{r['key']}: {r['log'][-1500:]}" for r in results if not r["ok"]]
+    assert not failed, "\n".join(failed)
+    _assert_no_scratch(results if no_scratch is None else [r for r in results if r["key"] in no_scratch])
+    return results
+
+
 def test_defaults_compile_for_gfx942_without_scratch(trixie):
     defaults = [default_variant(f, "gfx942") for f in families()]
-    results = _compile_batch(trixie, "gfx942", defaults)
-    assert all(r["ok"] for r in results), [r["key"] for r in results if not r["ok"]]
-    _assert_no_scratch(results)
+    compile_for_amd(trixie, "gfx942", defaults)
 
 
 def test_tuner_compile_only_for_gfx942(trixie, tmp_path):

@@ -38,21 +38,9 @@ def test_vfwd_untuned_kernels_compile_for_sm90_without_spills(nvrtc):
 
 @pytest.mark.amd
 @pytest.mark.parametrize("target", AMD_TARGETS)
-def test_vfwd_compiles_for_amd(target):
-    from test_compile_amd import _assert_no_scratch, _compile_batch, trixie  # noqa: F401
-    from conftest import rocm_trixie_script
-    import subprocess
-    script = rocm_trixie_script()
-    if script is None:
-        pytest.skip("rocm-trixie.sh not found (set CC1D_ROCM_TRIXIE_SH)")
-    setup = subprocess.run(["bash", str(script), "setup"], capture_output=True, text=True)
-    if setup.returncode:
-        pytest.skip(f"rocm-trixie.sh setup failed: {setup.stderr.strip()[-500:]}")
+def test_vfwd_compiles_for_amd(trixie, target):
+    from test_compile_amd import compile_for_amd
     defaults = {default_variant(f, target) for f in families("vfwd")}
     chosen = sorted({*(v for lay in LAYOUTS for v in covering_variants("vfwd", lay, target)), *defaults},
                     key=lambda v: v.key())
-    results = _compile_batch(script, target, chosen)
-    failed = [f"{r['key']}: {r['log'][-1500:]}" for r in results if not r["ok"]]
-    assert not failed, "\n".join(failed)
-    keys = {v.key() for v in defaults}
-    _assert_no_scratch([r for r in results if r["key"] in keys])
+    compile_for_amd(trixie, target, chosen, no_scratch={v.key() for v in defaults})

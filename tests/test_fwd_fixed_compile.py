@@ -12,7 +12,7 @@ import pytest
 from cc1d.generator import default_variant, families
 
 from compile_checks import fixed_kernel_problems, with_defines
-from test_compile_amd import AMD_TARGETS, _assert_no_scratch, _compile_batch, trixie  # noqa: F401 (fixture)
+from test_compile_amd import AMD_TARGETS, compile_for_amd
 
 GB = 1 << 32
 DTYPE_CODES = {"f32": 0, "f16": 1, "bf16": 2}
@@ -101,7 +101,7 @@ def test_fixed_forward_kernels_compile_for_sm90_without_spills_and_shrink(nvrtc,
 
 @pytest.mark.amd
 @pytest.mark.parametrize("target", AMD_TARGETS)
-def test_fixed_forward_kernels_compile_for_amd(trixie, rt, target):  # noqa: F811
+def test_fixed_forward_kernels_compile_for_amd(trixie, rt, target):
     """The same through hipRTC (the constants as #define lines: the worker passes no options)."""
     chosen = []
     for f in FIXED_FAMILIES:
@@ -111,7 +111,4 @@ def test_fixed_forward_kernels_compile_for_amd(trixie, rt, target):  # noqa: F81
         for name, features in (("plain", {}), ("every-input", ALL)):
             opts = rt.fwd_fixed_options(*fixed_call(f, **features))
             chosen.append(with_defines(v, opts, f"fixed-{name}"))
-    results = _compile_batch(trixie, target, chosen)
-    failed = [f"{r['key']}: {r['log'][-1500:]}" for r in results if not r["ok"]]
-    assert not failed, "\n".join(failed)
-    _assert_no_scratch(results)
+    compile_for_amd(trixie, target, chosen)

@@ -9,7 +9,7 @@ import pytest
 from cc1d.generator import default_variant, fallback_chain, families
 
 from cc1d.generator.covering import axis_values, covering_variants
-from test_compile_amd import AMD_TARGETS, _assert_no_scratch, _compile_batch, trixie  # noqa: F401 (fixture)
+from test_compile_amd import AMD_TARGETS, compile_for_amd
 from compile_checks import fixed_kernel_problems, with_defines
 from test_compile_nvidia import _check
 
@@ -109,7 +109,7 @@ def test_fixed_update_kernels_compile_for_sm90_without_spills_and_shrink(nvrtc, 
 
 @pytest.mark.amd
 @pytest.mark.parametrize("target", AMD_TARGETS)
-def test_fixed_update_kernels_compile_for_amd(trixie, rt, target):  # noqa: F811
+def test_fixed_update_kernels_compile_for_amd(trixie, rt, target):
     """The same fixed kernels through hipRTC (the constants as #define lines: the worker
     passes no options)."""
     chosen = []
@@ -122,19 +122,13 @@ def test_fixed_update_kernels_compile_for_amd(trixie, rt, target):  # noqa: F811
         if f.x_dtype == "bf16":  # the batched step for states of width entries (HF's caches)
             opts = rt.upd_fixed_options(*fixed_call(f, indices=True, keeps_width=True))
             chosen.append(with_defines(v, opts, "fixed-width-state"))
-    results = _compile_batch(trixie, target, chosen)
-    failed = [f"{r['key']}: {r['log'][-1500:]}" for r in results if not r["ok"]]
-    assert not failed, "\n".join(failed)
-    _assert_no_scratch(results)
+    compile_for_amd(trixie, target, chosen)
 
 
 @pytest.mark.amd
 @pytest.mark.parametrize("target", AMD_TARGETS)
-def test_upd_covering_set_and_defaults_compile_for_amd(trixie, target):  # noqa: F811
+def test_upd_covering_set_and_defaults_compile_for_amd(trixie, target):
     chosen = [*covering_variants("upd", "cf", target), *covering_variants("upd", "cl", target)]
     defaults = {default_variant(f, target).key() for f in UPD}
     chosen += [v for f in UPD for v in fallback_chain(f, target) if v not in chosen]
-    results = _compile_batch(trixie, target, chosen)
-    failed = [f"{r['key']}: {r['log'][-1500:]}" for r in results if not r["ok"]]
-    assert not failed, "\n".join(failed)
-    _assert_no_scratch([r for r in results if r["key"] in defaults])
+    compile_for_amd(trixie, target, chosen, no_scratch=defaults)

@@ -297,16 +297,23 @@ void BwdPlan::run(const BwdBuffers& b, size_t workspace_bytes, void* stream) con
   Functions f;
   const std::shared_ptr<const Decision> d = decide_loaded(bwd_call(a, layout), l, /*with_reduce=*/true, &f);
   check_workspace(a, *d->variant, layout);
-  if (seq_build(a))
-    f = remembered_seq_build().get(d, l, a.stream, /*inputs=*/1u, /*may_load=*/true, bwd_seq_build_options, f,
-                                   /*with_reduce=*/true);
   if (plans_fix(layout)) {
     // A plain load once the plan has run: only its first run writes the flag.
     std::atomic<bool>& ran = remembered_->ran;
     const bool may_load = ran.load(std::memory_order_relaxed) || ran.exchange(true);
-    f = remembered_->fixed.get(d, l, a.stream, optional_buffers(p), may_load, [&a] { return bwd_fixed_options(a); },
-                               f, /*with_reduce=*/true);
+    // Asked first, with no fallback: once the fixed kernel serves (it holds the seq_idx
+    // build's option too), the process-wide seq_idx build below is not looked up.
+    const Functions fixed = remembered_->fixed.get(d, l, a.stream, optional_buffers(p), may_load,
+                                                   [&a] { return bwd_fixed_options(a); }, Functions{},
+                                                   /*with_reduce=*/true);
+    if (fixed.kernel) {
+      launch_on(l, *d->variant, fixed, a, layout);
+      return;
+    }
   }
+  if (seq_build(a))
+    f = remembered_seq_build().get(d, l, a.stream, /*inputs=*/1u, /*may_load=*/true, bwd_seq_build_options, f,
+                                   /*with_reduce=*/true);
   launch_on(l, *d->variant, f, a, layout);
 }
 
