@@ -213,3 +213,27 @@ def test_channel_first_fixed_kernels_with_seq_idx_match_reference(rt, variant):
         assert_close(f"{variant.key()} {case.id()} seq_idx {how} out", out, ref_out, case.x_dtype)
         if case.final:
             assert_close(f"{variant.key()} {case.id()} final_states", fs, ref_fs, case.x_dtype)
+
+
+@pytest.mark.parametrize("variant", covering_and_shipped("fwd", "cl"), ids=lambda v: v.key())
+def test_channel_last_fixed_kernels_match_reference_and_the_generic_kernel(rt, variant):
+    """A plan's channel-last kernel, whose threads with a whole vector and whole tile of
+    rows take the full-tile path (no per-row checks; fwd_channel_last.cu.j2, only in fixed
+    kernels without seq_idx) and the rest the checked one: two full tiles and an edge per
+    row, a channel group past dim, with and without bias, SiLU and the states; against the
+    float64 reference and bit for bit against the generic kernel, outputs poisoned."""
+    f = variant.family
+    g = variant.geometry()
+    for k in range(2):
+        case = Case(layout="cl", x_dtype=f.x_dtype, w_dtype=f.w_dtype, width=f.width, batch=2,
+                    dim=2 * g["tile_d"] + 1, seqlen=(2 + k) * g["tile_l"] + 37 + 2 * k, bias=k == 0, silu=k == 0,
+                    states=k == 1, final=k == 1, align=g["align_bytes"] // f.x_bytes)
+        inp = make_inputs(case, seed=zlib.crc32(f"{variant.key()} {k}".encode()))
+        out, fs = launch_variant(rt, variant, case, inp, as_plan=True)
+        generic_out, generic_fs = launch_variant(rt, variant, case, inp)
+        ref_out, ref_fs = reference(case, inp)
+        assert_close(f"{variant.key()} {case.id()} out", out, ref_out, case.x_dtype)
+        assert torch.equal(_bits(out), _bits(generic_out)), f"{variant.key()} {case.id()}: fixed != generic"
+        if case.final:
+            assert_close(f"{variant.key()} {case.id()} final_states", fs, ref_fs, case.x_dtype)
+            assert torch.equal(_bits(fs), _bits(generic_fs))
