@@ -4,6 +4,8 @@ from __future__ import annotations
 import re
 from types import SimpleNamespace
 
+from cc1d.generator import default_variant
+
 PTXAS_VERBOSE = ["--ptxas-options=-v"]
 _ENTRY = re.compile(r"Compiling entry function '(\w+)'")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -43,6 +45,15 @@ def with_defines(variant, options: list[str], label: str) -> SimpleNamespace:
     (what _compile_batch reads of a variant: key() and source)."""
     key = f"{variant.key()}+{label}"
     return SimpleNamespace(key=lambda: key, source=defines(options) + variant.source)
+
+
+def width4_fixed_builds(families, target: str, options_for, feature_sets) -> list[SimpleNamespace]:
+    """For compilers driven without options (the hipRTC worker): the default variant for
+    `target` of each width-4 family in `families`, once per (name, features) of
+    `feature_sets`, with the fixed kernel's options `options_for(family, features)` as
+    #define lines, keyed "<variant key>+fixed-<name>"."""
+    return [with_defines(default_variant(f, target), options_for(f, features), f"fixed-{name}")
+            for f in families if f.width == 4 for name, features in feature_sets]
 
 
 def fixed_kernel_problems(nvrtc, variant, options: list[str], shrink: int,

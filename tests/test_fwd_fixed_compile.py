@@ -11,7 +11,7 @@ import pytest
 
 from cc1d.generator import default_variant, families
 
-from compile_checks import fixed_kernel_problems, with_defines
+from compile_checks import fixed_kernel_problems, width4_fixed_builds
 from test_compile_amd import AMD_TARGETS, compile_for_amd
 
 GB = 1 << 32
@@ -103,12 +103,6 @@ def test_fixed_forward_kernels_compile_for_sm90_without_spills_and_shrink(nvrtc,
 @pytest.mark.parametrize("target", AMD_TARGETS)
 def test_fixed_forward_kernels_compile_for_amd(trixie, rt, target):
     """The same through hipRTC (the constants as #define lines: the worker passes no options)."""
-    chosen = []
-    for f in FIXED_FAMILIES:
-        if f.width != 4:
-            continue
-        v = default_variant(f, target)
-        for name, features in (("plain", {}), ("every-input", ALL)):
-            opts = rt.fwd_fixed_options(*fixed_call(f, **features))
-            chosen.append(with_defines(v, opts, f"fixed-{name}"))
+    chosen = width4_fixed_builds(FIXED_FAMILIES, target, lambda f, features: rt.fwd_fixed_options(*fixed_call(f, **features)),
+                                 (("plain", {}), ("every-input", ALL)))
     compile_for_amd(trixie, target, chosen)
