@@ -2,6 +2,7 @@
 
     python benchmarks/perf_report.py --fwd bench_fwd.json --bwd bench_bwd.json \
         [--update bench_update.json] [--overhead bench_overhead.json] [--out docs]
+        [--notes-link ../PERFORMANCE_NOTES.md  (for a page in a folder below docs)]
 
 Every number in the page comes from those files. Each file is one benchmark run,
 and its percentages are of the copy measured in that run: each table names its
@@ -210,6 +211,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--overhead")
     ap.add_argument("--peer-run", help="a bench_fwd.py JSON of another run in which the peer was installed")
     ap.add_argument("--out", default="docs")
+    ap.add_argument("--notes-link", default="PERFORMANCE_NOTES.md",
+                    help="the link to docs/PERFORMANCE_NOTES.md as seen from --out (e.g. ../PERFORMANCE_NOTES.md "
+                         "for a page in docs/h200)")
     args = ap.parse_args(argv)
     fwd, bwd, upd, vl, ovh, pr = (_load(p) for p in (args.fwd, args.bwd, args.update, args.varlen, args.overhead,
                                                      args.peer_run))
@@ -225,8 +229,12 @@ def main(argv: list[str] | None = None) -> None:
             f"dispatch users get (the shipped tuning DB, else the default kernels). Written by "
             f"`python benchmarks/perf_report.py` from the JSON the benchmarks wrote; the commands are at "
             f"the end.", "",
-            peer_sentence(rows, _same_peer(fwd, bwd)), "",
-            "![% of copy per case](performance.png)", "", "## Forward and backward", ""]
+            peer_sentence(rows, _same_peer(fwd, bwd)), ""]
+    if "H100" not in devices:
+        text += [f"ANCHORS.md's figures (the columns marked ANCHORS, the plot's ticks) were measured on an H100, "
+                 f"these runs on {devices}: they give scale, not a same-device comparison; the same-run peer "
+                 f"columns do.", ""]
+    text += ["![% of copy per case](performance.png)", "", "## Forward and backward", ""]
     runs = " ".join(filter(None, (run_line("Forward", fwd), run_line("Backward", bwd))))
     text += ([runs, ""] if runs else []) + table(rows)
     if pr:
@@ -255,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     sources = [f"`{p}`" for p in (args.fwd, args.bwd, args.update, args.varlen, args.overhead, args.peer_run) if p]
     text += ["## Notes", "", f"This page was written from {', '.join(sources) or 'no runs'}. What each session "
              "measured beside these tables (A/B runs, profiles, what was tried and not kept): "
-             "[PERFORMANCE_NOTES.md](PERFORMANCE_NOTES.md).", ""]
+             f"[PERFORMANCE_NOTES.md]({args.notes_link}).", ""]
     (out / "PERFORMANCE.md").write_text("\n".join(text))
     if rows:
         plot(rows, out / "performance.png")

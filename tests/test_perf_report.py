@@ -6,6 +6,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "perf_report.py"
 spec = importlib.util.spec_from_file_location("cc1d_perf_report", SCRIPT)
 report = importlib.util.module_from_spec(spec)
@@ -47,6 +49,17 @@ def test_a_run_without_a_copy_figure_says_only_its_device(tmp_path):
     assert "Host overhead: one run on GPU A." in page
     assert "| cc1d.causal_conv1d_fn | cf | 11.1 | 2.5 |" in page
 
+
+
+@pytest.mark.parametrize("device, warned", [("NVIDIA H200", True), ("NVIDIA H100 80GB HBM3", False)])
+def test_a_page_off_the_h100_says_the_anchors_are_another_device(tmp_path, monkeypatch, device, warned):
+    """ANCHORS.md's peer figures are H100 ones: a page of runs on another device says so."""
+    monkeypatch.setattr(report, "plot", lambda rows, path: None)
+    fwd = _write(tmp_path / "fwd.json", dict(device=device, copy_gbps=4242.0, rows=[_fwd_row(81.0, 0.98)]))
+    report.main(["--fwd", fwd, "--out", str(tmp_path / "out")])
+    page = (tmp_path / "out" / "PERFORMANCE.md").read_text()
+    assert ("were measured on an H100, these runs on NVIDIA H200" in page) == warned
+    assert "| fwd channel-first bf16 w4 (8, 5120, 2048) | 81.0 | 98 % |" in page
 
 def test_the_page_says_which_runs_timed_the_peer(tmp_path, monkeypatch):
     """The forward and backward tables are separate runs: a forward run without the
@@ -95,11 +108,18 @@ def test_the_update_table_sets_each_loop_against_vllms_same_loop(tmp_path):
             "— | — | — |") in page
 
 
-def test_the_shipped_page_is_what_its_stored_runs_give(tmp_path, monkeypatch):
-    """docs/PERFORMANCE.md is perf_report.py's output from the runs kept in docs/performance
-    (the paths its Notes section names), not text edited by hand."""
+# The pages perf_report.py wrote, and what it was told besides the runs.
+SHIPPED_PAGES = [("docs/PERFORMANCE.md", []),
+                 ("docs/h200/PERFORMANCE.md", ["--notes-link", "../PERFORMANCE_NOTES.md"])]
+
+
+@pytest.mark.parametrize("page, extra", SHIPPED_PAGES, ids=[p for p, _ in SHIPPED_PAGES])
+def test_the_shipped_page_is_what_its_stored_runs_give(tmp_path, monkeypatch, page, extra):
+    """Each shipped performance page is perf_report.py's output from the runs kept in
+    docs/performance (the paths its Notes section names), not text edited by hand, and its
+    link to the notes resolves."""
     repo = SCRIPT.parents[1]
-    shipped = (repo / "docs" / "PERFORMANCE.md").read_text()
+    shipped = (repo / page).read_text()
     named = shipped.split("This page was written from ", 1)[1].split(". What each session", 1)[0]
     paths = [p.strip("` ") for p in named.split(",")]
     flags = dict(bench_fwd="--fwd", bench_bwd="--bwd", bench_update="--update", bench_varlen="--varlen",
@@ -107,8 +127,9 @@ def test_the_shipped_page_is_what_its_stored_runs_give(tmp_path, monkeypatch):
     argv = []
     for p in paths:
         assert (repo / p).is_file(), p
-        argv += [flags[Path(p).stem], p]
+        argv += [next(f for stem, f in flags.items() if Path(p).stem.startswith(stem)), p]
     monkeypatch.chdir(repo)
-    report.main(argv + ["--out", str(tmp_path)])
+    report.main(argv + extra + ["--out", str(tmp_path)])
     assert (tmp_path / "PERFORMANCE.md").read_text() == shipped
-    assert (repo / "docs" / "PERFORMANCE_NOTES.md").is_file()
+    link = shipped.rsplit("[PERFORMANCE_NOTES.md](", 1)[1].split(")", 1)[0]
+    assert ((repo / page).parent / link).resolve() == (repo / "docs" / "PERFORMANCE_NOTES.md").resolve()
