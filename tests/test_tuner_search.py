@@ -12,6 +12,7 @@ import time
 import pytest
 
 from cc1d.generator import arch_info, default_variant, variants
+from cc1d.generator.variant import Variant
 from cc1d.tuner.db import TuningDB
 from cc1d.tuner.search import (SearchConfig, _BruteForce, make_sampler, simplicity, start_configs, tune_shape,
                                with_added_params)
@@ -284,6 +285,34 @@ def test_start_from_tries_other_dbs_winners_first(db, tmp_path):
     assert db.winner(ARCH, CF.family().key(), CF.key())["time_us"] == pytest.approx(fake_time_us(fastest),
                                                                                      rel=0.05)
 
+
+
+def test_the_start_config_under_every_other_register_cap_is_tried_next(db):
+    """Right after the default and the start configs come the start configs under each
+    other register cap (statically valid ones), so a short re-tune on another device cannot
+    miss the incumbent's one-knob neighbour (session 56: H100 winners under a 96 cap were
+    faster under 64 on an H200); one of them wins where it is faster."""
+    default = default_variant(CF.family())
+    incumbent = default_variant(CF.family(), max_regs=96)
+    caps = {c: default_variant(CF.family(), max_regs=c) for c in (255, 64)}
+    picks = {default: 10.0, incumbent: 8.0, caps[255]: 9.0, caps[64]: 7.0}
+    ev = FakeEvaluator(times=lambda v: picks.get(v, 20.0))
+    res = tune_shape(CF, ARCH, ev, db, SearchConfig(trials=4, finalists=4), start_configs=[incumbent.params])
+    # the default's own cap (128) is the default itself: not tried twice
+    assert ev.compiled == [default.key(), incumbent.key(), caps[255].key(), caps[64].key()]
+    assert res.winner == caps[64] and res.start == incumbent
+
+
+def test_register_cap_neighbours_that_the_space_rules_out_are_not_queued(db):
+    """A cap that bounds the start config's threads no tighter than a larger cap is invalid
+    (space.py): it is neither compiled nor counted against --trials."""
+    incumbent = default_variant(CF.family(), threads=256, nvec=4, halo="reload", max_regs=128)
+    assert Variant.of(CF.family(), **{**incumbent.params, "max_regs": 96}).why_invalid(ARCH)
+    ev = FakeEvaluator()
+    tune_shape(CF, ARCH, ev, db, SearchConfig(trials=3), start_configs=[incumbent.params])
+    queued = ev.compiled[:3]
+    assert queued[:2] == [default_variant(CF.family()).key(), incumbent.key()]
+    assert queued[2] == default_variant(CF.family(), threads=256, nvec=4, halo="reload", max_regs=255).key()
 
 def test_start_from_tries_a_winner_whose_source_the_templates_changed(db, tmp_path):
     """The usual re-tune follows a template change: the old winners' sources no longer

@@ -194,7 +194,8 @@ class ShapeSearch:
         self._load_known()
         if not (self.shared and self.study.trials):  # one process of a shared study enqueues
             queued = set(self.known)
-            for v in [self.default] + [self._variant(c) for c in self.start_configs]:
+            starts = [self._variant(c) for c in self.start_configs]
+            for v in [self.default] + starts + self._cap_neighbours(starts):
                 if v.key() not in queued:
                     self.study.enqueue_trial(v.params)
                     queued.add(v.key())
@@ -248,6 +249,23 @@ class ShapeSearch:
             # Compiles already running finish on their own (their binaries land in the
             # compile cache); the search does not wait for them.
             pool.shutdown(wait=False, cancel_futures=True)
+
+    def _cap_neighbours(self, starts: Sequence[Variant]) -> list[Variant]:
+        """The start configs under each other register cap the space has (statically valid
+        ones), tried right after them. The best cap moves with the device: session 56's
+        re-tune on an H200 of winners found on an H100 under a 96 cap picked the same
+        configs under a 64 one (more warps resident, more loads in flight), and a short
+        search seeded from the winner had not drawn that one-knob neighbour."""
+        if "max_regs" not in self.dists:
+            return []
+        out = []
+        for v in starts:
+            for cap in self.dists["max_regs"].choices:
+                if cap != v.params["max_regs"]:
+                    n = self._variant({**v.params, "max_regs": cap})
+                    if n.why_invalid(self.arch_obj) is None and n not in out:
+                        out.append(n)
+        return out
 
     def _abandon(self, pending: deque) -> None:
         """The budget is spent: candidates compiled ahead are not timed. The study hears
