@@ -9,7 +9,10 @@
 set -euo pipefail
 OUT=$(realpath -m "${1:-.peer}"); VERSION=${2:-1.7.0}; TORCH=${3:-2.11.0}; PY=${4:-python3.12}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-command -v "$PY" >/dev/null || { echo "build_peer_wheel: $PY not found (the device runs Python 3.12)" >&2; exit 2; }
+# Run it, not just find it: a pyenv shim is found even where that version is not selected.
+"$PY" -c 'import sys, venv' >/dev/null 2>&1 || {
+  echo "build_peer_wheel: $PY does not run here (the device runs Python 3.12; pass an interpreter's path as PYTHON)" >&2
+  exit 2; }
 [ -x "$CUDA_HOME/bin/nvcc" ] || { echo "build_peer_wheel: no nvcc under CUDA_HOME=$CUDA_HOME" >&2; exit 2; }
 WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT
 mkdir -p "$OUT"
