@@ -50,7 +50,6 @@ def test_a_run_without_a_copy_figure_says_only_its_device(tmp_path):
     assert "| cc1d.causal_conv1d_fn | cf | 11.1 | 2.5 |" in page
 
 
-
 @pytest.mark.parametrize("device, warned", [("NVIDIA H200", True), ("NVIDIA H100 80GB HBM3", False)])
 def test_a_page_off_the_h100_says_the_anchors_are_another_device(tmp_path, monkeypatch, device, warned):
     """ANCHORS.md's peer figures are H100 ones: a page of runs on another device says so."""
@@ -60,6 +59,7 @@ def test_a_page_off_the_h100_says_the_anchors_are_another_device(tmp_path, monke
     page = (tmp_path / "out" / "PERFORMANCE.md").read_text()
     assert ("were measured on an H100, these runs on NVIDIA H200" in page) == warned
     assert "| fwd channel-first bf16 w4 (8, 5120, 2048) | 81.0 | 98 % |" in page
+
 
 def test_the_page_says_which_runs_timed_the_peer(tmp_path, monkeypatch):
     """The forward and backward tables are separate runs: a forward run without the
