@@ -246,21 +246,26 @@ class BwdProblem:
 
     def shape_plan_options(self, rt: Any, shape: Shape) -> list[str] | None:
         """plan_options for the buffers make_inputs and make_outputs would give the shape,
-        without allocating them (their layouts alone, as FwdProblem.shape_plan_options)."""
-        d, l, w = shape.dim, shape.seqlen, shape.width
+        without allocating them (their layouts alone, as FwdProblem.shape_plan_options; x
+        and weight also carry the shape and dtype _bwd_call_args reads from them)."""
+        b, d, l, w = shape.batch, shape.dim, shape.seqlen, shape.width
         seq_major = (d * l, 1, d) if shape.layout == "cl" else (d * l, l, 1)
         states = (d * (w - 1), w - 1, 1)
-        init, final = shape.initial_states, shape.final_states
-        at = lambda present, slot: PlannedBuffer((), slot).data_ptr() if present else 0  # noqa: E731
-        ptrs = tuple(at(present, slot) for slot, present in enumerate(
-            (True, True, shape.bias, shape.seq_idx, init, True, final, True, init, True, shape.bias, True)))
-        strides = (*seq_major, w, 1, 1 if shape.bias else 0, *seq_major, *seq_major,
-                   *((l, 1) if shape.seq_idx else (0, 0)), *(states if init else (0, 0, 0)),
-                   *(states if final else (0, 0, 0)), *(states if init else (0, 0, 0)), w, 1,
-                   1 if shape.bias else 0)
-        args = (ptrs, (shape.batch, d, l, w), strides, DTYPE_CODES[shape.x_dtype], DTYPE_CODES[shape.w_dtype],
-                shape.activation == "silu")
-        return rt.bwd_fixed_options(*args) if rt.bwd_plan_fixes(*args) else None
+        init = shape.initial_states
+        inputs = dict(x=PlannedBuffer(seq_major, 0, (b, d, l), _torch_dtype(shape.x_dtype)),
+                      weight=PlannedBuffer((w, 1), 1, (d, w), _torch_dtype(shape.w_dtype)),
+                      bias=PlannedBuffer((1,), 2) if shape.bias else None,
+                      seq_idx=PlannedBuffer((l, 1), 3) if shape.seq_idx else None,
+                      initial_states=PlannedBuffer(states, 4) if init else None,
+                      dout=PlannedBuffer(seq_major, 5, (b, d, l)),
+                      dfinal_states=PlannedBuffer(states, 6) if shape.final_states else None)
+        outputs = dict(dx=PlannedBuffer(seq_major, 7, (b, d, l)), dweight=PlannedBuffer((w, 1), 9),
+                       workspace=PlannedBuffer((1,), 11))
+        if init:
+            outputs["dinitial_states"] = PlannedBuffer(states, 8)
+        if shape.bias:
+            outputs["dbias"] = PlannedBuffer((1,), 10)
+        return self.plan_options(rt, shape, inputs, outputs)
 
 
 def varlen_lengths(num_seqs: int, total: int) -> list[int]:
