@@ -103,6 +103,6 @@ def test_fixed_forward_kernels_compile_for_sm90_without_spills_and_shrink(nvrtc,
 @pytest.mark.parametrize("target", AMD_TARGETS)
 def test_fixed_forward_kernels_compile_for_amd(trixie, rt, target):
     """The same through hipRTC (the constants as #define lines: the worker passes no options)."""
-    chosen = width4_fixed_builds(FIXED_FAMILIES, target, lambda f, features: rt.fwd_fixed_options(*fixed_call(f, **features)),
-                                 (("plain", {}), ("every-input", ALL)))
+    options_for = lambda f, features: rt.fwd_fixed_options(*fixed_call(f, **features))  # noqa: E731
+    chosen = width4_fixed_builds(FIXED_FAMILIES, target, options_for, (("plain", {}), ("every-input", ALL)))
     compile_for_amd(trixie, target, chosen)

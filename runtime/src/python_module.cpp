@@ -528,12 +528,12 @@ PYBIND11_MODULE(_cc1d, m) {
       "calls launch fixed kernels (channel-last; not with CC1D_BWD_GENERIC=1).");
 
   py::class_<BwdPlanHandle>(m, "BwdPlan",
-                      "BwdPlan(sizes, strides, x_dtype, w_dtype, silu): bwd's arguments but the pointers, "
-                      "workspace_bytes and the stream, converted once. plan.workspace_bytes(<12 pointers>) is "
-                      "bwd_workspace_bytes(<12 pointers>, ..., arch=''); plan(<12 pointers>, workspace_bytes, stream) "
-                      "is bwd through cc1d::BwdPlan (a channel-last plan launches its fixed kernel from its second "
-                      "run on: bwd_fixed_options). Pointers in bwd's order: x, weight, bias, seq_idx, "
-                      "initial_states, dout, dfinal_states, dx, dinitial_states, dweight, dbias, partials.")
+                            "BwdPlan(sizes, strides, x_dtype, w_dtype, silu): bwd's arguments but the pointers, "
+                            "workspace_bytes and the stream, converted once. plan.workspace_bytes(<12 pointers>) is "
+                            "bwd_workspace_bytes(<12 pointers>, ..., arch=''); plan(<12 pointers>, workspace_bytes, "
+                            "stream) is bwd through cc1d::BwdPlan (a channel-last plan launches its fixed kernel from "
+                            "its second run on: bwd_fixed_options). Pointers in bwd's order: x, weight, bias, seq_idx, "
+                            "initial_states, dout, dfinal_states, dx, dinitial_states, dweight, dbias, partials.")
       .def(py::init([](const Sizes& sizes, const BwdStrides& strides, int x_dtype, int w_dtype, bool silu) {
              const BwdArgs a = make_bwd_args(BwdPtrs{}, sizes, strides, x_dtype, w_dtype, silu, 0, 0);
              return BwdPlanHandle{a, std::make_shared<const cc1d::BwdPlan>(a)};
@@ -541,9 +541,9 @@ PYBIND11_MODULE(_cc1d, m) {
            py::arg("sizes"), py::arg("strides"), py::arg("x_dtype"), py::arg("w_dtype"), py::arg("silu"))
       .def(
           "workspace_bytes",
-          [](const BwdPlanHandle& plan, int64_t x, int64_t weight, int64_t bias, int64_t seq_idx, int64_t initial_states,
-             int64_t dout, int64_t dfinal_states, int64_t dx, int64_t dinitial_states, int64_t dweight,
-             int64_t dbias, int64_t partials) {
+          [](const BwdPlanHandle& plan, int64_t x, int64_t weight, int64_t bias, int64_t seq_idx,
+             int64_t initial_states, int64_t dout, int64_t dfinal_states, int64_t dx, int64_t dinitial_states,
+             int64_t dweight, int64_t dbias, int64_t partials) {
             BwdArgs a = plan.args;
             set_ptrs(a.p, BwdPtrs{x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx,
                                   dinitial_states, dweight, dbias, partials});
@@ -555,9 +555,9 @@ PYBIND11_MODULE(_cc1d, m) {
           py::arg("dbias"), py::arg("partials"))
       .def(
           "__call__",
-          [](const BwdPlanHandle& plan, int64_t x, int64_t weight, int64_t bias, int64_t seq_idx, int64_t initial_states,
-             int64_t dout, int64_t dfinal_states, int64_t dx, int64_t dinitial_states, int64_t dweight,
-             int64_t dbias, int64_t partials, size_t workspace_bytes, int64_t stream) {
+          [](const BwdPlanHandle& plan, int64_t x, int64_t weight, int64_t bias, int64_t seq_idx,
+             int64_t initial_states, int64_t dout, int64_t dfinal_states, int64_t dx, int64_t dinitial_states,
+             int64_t dweight, int64_t dbias, int64_t partials, size_t workspace_bytes, int64_t stream) {
             const BwdBuffers b = bwd_buffers(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx,
                                              dinitial_states, dweight, dbias, partials);
             py::gil_scoped_release nogil;
