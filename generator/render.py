@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import jinja2
 
-from .space import DTYPES, EPOCH, occupancy_bounds, space_for
+from .space import BWD_CF_WALK_STAGES, DTYPES, EPOCH, occupancy_bounds, space_for
 
 if TYPE_CHECKING:
     from .variant import Variant
@@ -53,6 +53,8 @@ def template_context(variant: "Variant") -> dict:
         ctx.update(occupancy_bounds(int(params["threads"]), int(params["max_regs"])))
     if "vec_bytes" in params:
         ctx["vec_elems"] = int(params["vec_bytes"]) // fam.x_bytes
+    if (fam.op, fam.layout) == ("bwd", "cf"):
+        ctx["walk_stages"] = BWD_CF_WALK_STAGES
     return ctx
 
 

@@ -322,19 +322,52 @@ def _bwd_cf_geometry(family: Family, config: Config) -> dict:
                 smem_bytes=0, align_bytes=int(config["vec_bytes"]), split_blocks=int(config["split_blocks"]))
 
 
+# Above 4 vectors a thread, a channel-first backward segment is walked: its vectors'
+# loads go through a ring of this many stages in shared memory (templates/
+# bwd_channel_first.cu.j2, WALK_STAGES), not held in registers.
+BWD_CF_HELD_NVEC = 4
+BWD_CF_WALK_STAGES = 4
+
+
+def bwd_cf_walked(config: Config) -> bool:
+    return int(config["nvec"]) > BWD_CF_HELD_NVEC
+
+
+def bwd_cf_smem_bytes(family: Family, config: Config) -> int:
+    """Static shared memory of the channel-first backward: the block's fp32 sums of
+    dweight/dbias (one row a thread), and a walked segment's ring (x and dout)."""
+    threads = int(config["threads"])
+    sums = threads * (family.width + 1) * 4
+    vec = max(int(config["vec_bytes"]), 4)  # a 2-byte vector's slot is one word
+    ring = threads * BWD_CF_WALK_STAGES * 2 * vec if bwd_cf_walked(config) else 0
+    return sums + ring
+
+
+def _bwd_cf_smem_fits(family: Family, config: Config, arch: Arch) -> str | None:
+    need = bwd_cf_smem_bytes(family, config)
+    if need > arch.smem_bytes:
+        return f"dweight sums and ring of {need} bytes exceed {arch.smem_bytes} bytes of shared memory"
+    return None
+
+
 def _bwd_cf_registers_fit(family: Family, config: Config, arch: Arch) -> str | None:
     # A rule of thumb from ptxas samples (sm_90, every dtype, widths 2-8): the packed
     # x and dout vectors in flight take at most a quarter of a capped budget, and the
     # edge path's windows (which grow with the width) need more than 64 registers
     # past width 2 and more than 96 past width 5. Near the line a candidate can
-    # still spill a little: the tuner times it like any other.
+    # still spill a little: the tuner times it like any other. A walked segment holds
+    # three vectors a step (x of two, dout of one), whatever its length; under 64
+    # registers its walk loop kept clear of spills up to width 4 (ptxas, sm_90: bf16,
+    # bf16/f32, f16 and f32 at widths 3-4; the edge path, run once a row, spills).
     cap = int(config["max_regs"])
     if cap >= 255:
         return None
-    in_flight = 2 * int(config["nvec"]) * _packed_words(config)
+    walked = bwd_cf_walked(config)
+    held = 3 if walked else 2 * int(config["nvec"])
+    in_flight = held * _packed_words(config)
     if 4 * in_flight > cap:
         return f"{in_flight} registers of loads in flight exceed a quarter of max_regs {cap}"
-    widest = {64: 2, 96: 5}.get(cap, WIDTHS[-1])
+    widest = {64: 4 if walked else 2, 96: 5}.get(cap, WIDTHS[-1])
     if family.width > widest:
         return f"width {family.width} needs more than max_regs {cap} (at most width {widest})"
     return None
@@ -345,12 +378,14 @@ BWD_CF = Space(
     params=(
         Param("threads", "t", (64, 128, 256), "threads per block"),
         Param("vec_bytes", "v", (2, 4, 8, 16), "bytes per vector load/store of x, dout and dx"),
-        Param("nvec", "n", (1, 2, 4), "vectors of x and of dout per thread (loads in flight; 8 spills)"),
+        Param("nvec", "n", (1, 2, 4, 8, 16),
+              "vectors of x and of dout per thread and segment: up to 4 all loaded at once into "
+              "registers; 8 and 16 walked, their loads staged through a ring in shared memory"),
         Param("rows", "r", (1, 4), "channels per block"),
         MAX_REGS,
         SPLIT_BLOCKS,
     ),
-    constraints=(_vec_fits, _cf_rows_fit, _regs_distinct, _bwd_cf_registers_fit),
+    constraints=(_vec_fits, _cf_rows_fit, _regs_distinct, _bwd_cf_registers_fit, _bwd_cf_smem_fits),
     # Defaults. bf16 widths 2-4, measured on the H100 (width 4, session 5): 64 threads
     # with 4 vectors of x and 4 of dout in flight under a 128-register cap reached 91 %
     # of copy at (8, 5120, 2048), 128 threads with 2 vectors 75 %; with 4 vectors other

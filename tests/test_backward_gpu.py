@@ -23,6 +23,7 @@ from cc1d.tuner.problems import bwd_splits  # noqa: E402  (the runtime's split r
 from cc1d.tuner.shapes import Shape  # noqa: E402
 from fwd_cases import TORCH_DTYPES, Case, make_inputs, poisoned, rel_l2  # noqa: E402
 from fwd_cases import _layout as place  # noqa: E402
+from variant_sets import covering_and_shipped  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -139,6 +140,27 @@ def test_covering_variants_match_reference(rt, variant):
         got = launch_bwd_variant(rt, variant, case, inp, dout, dfinal)
         want = reference_grads(case, inp, dout, dfinal)
         check_grads(f"{variant.key()} {case.id()}", case, got, want)
+
+
+WALKED = [v for v in covering_and_shipped("bwd", "cf") if v.params["nvec"] > 4]
+
+
+@pytest.mark.parametrize("variant", WALKED, ids=lambda v: v.key())
+def test_walked_segments_match_reference(rt, variant):
+    """Channel-first variants that walk their segments (nvec above 4: loads staged through
+    a ring in shared memory), covering and shipped, at lengths of whole tiles and an edge past them, so every
+    warp walks whole segments before the edge path takes the rest; rows past the last
+    channel; with and without SiLU, bias, initial states and the final states' gradient."""
+    assert WALKED and variant.why_invalid() is None
+    f, g = variant.family, variant.geometry()
+    for n, feats in enumerate((dict(silu=True, bias=True, final=True), dict(silu=False, bias=False, states=True))):
+        case = Case(layout="cf", x_dtype=f.x_dtype, w_dtype=f.w_dtype, width=f.width, batch=2,
+                    dim=2 * g["tile_d"] + 1, seqlen=2 * g["tile_l"] + 37 + n, align=g["align_bytes"] // f.x_bytes,
+                    **feats)
+        inp = make_inputs(case, seed=n)
+        dout, dfinal = make_grads(case, inp, n)
+        got = launch_bwd_variant(rt, variant, case, inp, dout, dfinal)
+        check_grads(f"{variant.key()} {case.id()}", case, got, reference_grads(case, inp, dout, dfinal))
 
 
 def _bwd(layout, x_dtype, w_dtype, width, **config):

@@ -7,6 +7,7 @@ import pytest
 
 from cc1d.generator import (ARCHS, EPOCH, Family, Variant, arch_info, default_variant,
                             fallback_chain, families, space_for, variants)
+from cc1d.generator.space import BWD_CF_WALK_STAGES, bwd_cf_smem_bytes, bwd_cf_walked
 
 FAMILIES = families()
 
@@ -135,6 +136,30 @@ def test_backward_channel_first_register_rule_prunes_capped_candidates():
     assert Variant.of(narrow, **base, max_regs=64).why_invalid() is None
     assert "in flight" in Variant.of(narrow, **{**base, "nvec": 4}, max_regs=64).why_invalid()
     assert "at most width 2" in Variant.of(Family("bwd", "cf", "f32", "f32", 3), **base, max_regs=64).why_invalid()
+
+
+def test_backward_channel_first_walked_segments_hold_three_vectors_and_a_ring():
+    """Above 4 vectors a segment is walked: three packed vectors a step in registers
+    (what the register rule counts), its loads staged through a ring in shared memory
+    (what the shared-memory rule counts, beside the dweight sums)."""
+    fam = Family("bwd", "cf", "bf16", "bf16", 2)
+    base = dict(threads=128, vec_bytes=16, rows=1, split_blocks=2048, max_regs=64)
+    assert "in flight" in Variant.of(fam, **base, nvec=4).why_invalid()  # 8 vectors held: 32 words
+    for nvec in (8, 16):
+        v = Variant.of(fam, **base, nvec=nvec)
+        assert bwd_cf_walked(v.params) and v.why_invalid() is None
+        assert v.geometry()["tile_l"] == 128 * 8 * nvec
+        assert "WALK_STAGES = 4;" in v.source and "cp.async" in v.source
+    wide = Family("bwd", "cf", "bf16", "bf16", 4)  # its walk loop fits 64 registers; a held one's edge path does not
+    assert Variant.of(wide, **base, nvec=8).why_invalid() is None
+    assert "at most width 2" in Variant.of(wide, **base, nvec=1).why_invalid()
+    assert "at most width 4" in Variant.of(Family("bwd", "cf", "bf16", "bf16", 5), **base, nvec=8).why_invalid()
+    held = Variant.of(fam, **base, nvec=2)
+    assert not bwd_cf_walked(held.params) and "WALK_STAGES" not in held.source
+    assert bwd_cf_smem_bytes(fam, held.params) == 128 * 3 * 4
+    assert bwd_cf_smem_bytes(fam, {**held.params, "nvec": 8}) == 128 * 3 * 4 + 128 * BWD_CF_WALK_STAGES * 2 * 16
+    small = dataclasses.replace(ARCHS["sm_90"], smem_bytes=16 * 1024)
+    assert "shared memory" in Variant.of(fam, **{**base, "max_regs": 255}, nvec=8).why_invalid(small)
 
 
 def test_backward_channel_first_tile_counts_every_vector():

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from cc1d.generator import arch_info, default_variant, variants
+from cc1d.generator.space import space_for
 from cc1d.generator.variant import Variant
 from cc1d.tuner.db import TuningDB
 from cc1d.tuner.search import (SearchConfig, _BruteForce, make_sampler, simplicity, start_configs, tune_shape,
@@ -313,6 +314,33 @@ def test_register_cap_neighbours_that_the_space_rules_out_are_not_queued(db):
     queued = ev.compiled[:3]
     assert queued[:2] == [default_variant(CF.family()).key(), incumbent.key()]
     assert queued[2] == default_variant(CF.family(), threads=256, nvec=4, halo="reload", max_regs=255).key()
+
+def test_one_knob_neighbours_of_the_start_config_follow_its_register_caps(db):
+    """After the caps come the start config with each other value of every other tunable
+    (statically valid ones), in the space's order: every such neighbour is tried before
+    the sampler's own picks, and one wins where it is faster (session 57: walked
+    channel-first backward segments are the shipped winners' nvec neighbours)."""
+    default = default_variant(CF.family())
+    incumbent = default_variant(CF.family(), max_regs=96)
+    order = [p.name for p in space_for(CF.family()).params]
+    valid = {v.key(): v for v in variants(CF.family(), arch_info(ARCH))}
+    knob = {k: next(n for n in order if v.params[n] != incumbent.params[n]) for k, v in valid.items()
+            if sum(v.params[n] != incumbent.params[n] for n in order) == 1}
+    caps = [k for k in knob if knob[k] == "max_regs" and k != default.key()]
+    others = [k for k in knob if knob[k] != "max_regs" and k != default.key()]
+    assert caps and others
+    faster = next(k for k in others if knob[k] == "nvec")
+    ev = FakeEvaluator(times=lambda v: 5.0 if v.key() == faster else 20.0)
+    n = 2 + len(caps) + len(others)
+    res = tune_shape(CF, ARCH, ev, db, SearchConfig(trials=n, finalists=4), start_configs=[incumbent.params])
+    tried = ev.compiled[:n]
+    assert tried[:2] == [default.key(), incumbent.key()]
+    assert sorted(tried[2:2 + len(caps)]) == sorted(caps)
+    assert sorted(tried[2 + len(caps):]) == sorted(others)
+    changed = [order.index(knob[k]) for k in tried[2 + len(caps):]]
+    assert changed == sorted(changed)  # in the space's order
+    assert res.winner.key() == faster
+
 
 def test_start_from_tries_a_winner_whose_source_the_templates_changed(db, tmp_path):
     """The usual re-tune follows a template change: the old winners' sources no longer

@@ -195,7 +195,7 @@ class ShapeSearch:
         if not (self.shared and self.study.trials):  # one process of a shared study enqueues
             queued = set(self.known)
             starts = [self._variant(c) for c in self.start_configs]
-            for v in [self.default] + starts + self._cap_neighbours(starts):
+            for v in [self.default] + starts + self._neighbours(starts):
                 if v.key() not in queued:
                     self.study.enqueue_trial(v.params)
                     queued.add(v.key())
@@ -250,21 +250,23 @@ class ShapeSearch:
             # compile cache); the search does not wait for them.
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def _cap_neighbours(self, starts: Sequence[Variant]) -> list[Variant]:
-        """The start configs under each other register cap the space has (statically valid
-        ones), tried right after them. The best cap moves with the device: session 56's
+    def _neighbours(self, starts: Sequence[Variant]) -> list[Variant]:
+        """The start configs with one tunable changed (statically valid ones), tried right
+        after them: each other register cap first, then each other value of every other
+        tunable, in the space's order. The best cap moves with the device (session 56's
         re-tune on an H200 of winners found on an H100 under a 96 cap picked the same
-        configs under a 64 one (more warps resident, more loads in flight), and a short
-        search seeded from the winner had not drawn that one-knob neighbour."""
-        if "max_regs" not in self.dists:
-            return []
+        configs under a 64 one), and a template change can make another value of one knob
+        the better kernel (session 57: walked channel-first backward segments, nvec above
+        4); a short search seeded from a winner had not drawn such one-knob neighbours."""
+        names = sorted(self.dists, key=lambda n: n != "max_regs")  # stable: the rest keep their order
         out = []
         for v in starts:
-            for cap in self.dists["max_regs"].choices:
-                if cap != v.params["max_regs"]:
-                    n = self._variant({**v.params, "max_regs": cap})
-                    if n.why_invalid(self.arch_obj) is None:  # run_trials drops repeats
-                        out.append(n)
+            for name in names:
+                for value in self.dists[name].choices:
+                    if value != v.params[name]:
+                        n = self._variant({**v.params, name: value})
+                        if n.why_invalid(self.arch_obj) is None:  # run_trials drops repeats
+                            out.append(n)
         return out
 
     def _abandon(self, pending: deque) -> None:
