@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import jinja2
 
-from .space import BWD_CF_WALK_STAGES, DTYPES, EPOCH, occupancy_bounds, space_for
+from .space import BWD_CF_WALK_STAGES, DTYPES, EPOCH, bwd_cf_walked, occupancy_bounds, space_for
 
 if TYPE_CHECKING:
     from .variant import Variant
@@ -54,7 +54,7 @@ def template_context(variant: "Variant") -> dict:
     if "vec_bytes" in params:
         ctx["vec_elems"] = int(params["vec_bytes"]) // fam.x_bytes
     if (fam.op, fam.layout) == ("bwd", "cf"):
-        ctx["walk_stages"] = BWD_CF_WALK_STAGES
+        ctx.update(walked=bwd_cf_walked(params), walk_stages=BWD_CF_WALK_STAGES)
     return ctx
 
 

@@ -44,8 +44,8 @@ def tune_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="keep stored winners and trials, continue the rest")
     p.add_argument("--start-from", nargs="+", default=[], metavar="DB",
                    help="tuning DBs whose winners for each shape are tried first, right after the default, "
-                        "then with one tunable changed, register caps first (timed like any candidate; e.g. the shipped DB "
-                        "when re-tuning: the search then cannot miss a config it already knew)")
+                        "then with one tunable changed, register caps first (timed like any candidate; e.g. "
+                        "the shipped DB when re-tuning: the search then cannot miss a config it already knew)")
     p.add_argument("--compile-workers", type=int, default=None, metavar="N",
                    help="threads compiling candidates ahead of the one being timed (default: half the "
                         "CPUs, at most 8, shared among --workers)")
