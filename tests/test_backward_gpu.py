@@ -153,10 +153,14 @@ def test_walked_segments_match_reference(rt, variant):
     channel; with and without SiLU, bias, initial states and the final states' gradient."""
     assert WALKED and variant.why_invalid() is None
     f, g = variant.family, variant.geometry()
-    for n, feats in enumerate((dict(silu=True, bias=True, final=True), dict(silu=False, bias=False, states=True))):
+    tpr = variant.params["threads"] // variant.params["rows"]
+    seg_l = min(tpr, 32) * g["tile_l"] // tpr  # a warp segment's positions
+    # whole tiles and an edge; a segment cut halfway (the edge path above, a walk below)
+    lengths = (2 * g["tile_l"] + 37, 2 * g["tile_l"] + 38, g["tile_l"] + seg_l // 2 + 3)
+    for n, feats in enumerate((dict(silu=True, bias=True, final=True), dict(silu=False, bias=False, states=True),
+                               dict(silu=True, bias=True, final=True, states=True))):
         case = Case(layout="cf", x_dtype=f.x_dtype, w_dtype=f.w_dtype, width=f.width, batch=2,
-                    dim=2 * g["tile_d"] + 1, seqlen=2 * g["tile_l"] + 37 + n, align=g["align_bytes"] // f.x_bytes,
-                    **feats)
+                    dim=2 * g["tile_d"] + 1, seqlen=lengths[n], align=g["align_bytes"] // f.x_bytes, **feats)
         inp = make_inputs(case, seed=n)
         dout, dfinal = make_grads(case, inp, n)
         got = launch_bwd_variant(rt, variant, case, inp, dout, dfinal)
