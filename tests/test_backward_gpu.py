@@ -145,6 +145,12 @@ def test_covering_variants_match_reference(rt, variant):
 WALKED = [v for v in covering_and_shipped("bwd", "cf") if v.params["nvec"] > 4]
 
 
+def cf_segment_positions(variant) -> int:
+    """The positions of one warp's segment of a channel-first backward variant."""
+    tpr = variant.params["threads"] // variant.params["rows"]
+    return min(tpr, 32) * variant.geometry()["tile_l"] // tpr
+
+
 @pytest.mark.parametrize("variant", WALKED, ids=lambda v: v.key())
 def test_walked_segments_match_reference(rt, variant):
     """Channel-first variants that walk their segments (nvec above 4: loads staged through
@@ -153,10 +159,8 @@ def test_walked_segments_match_reference(rt, variant):
     channel; with and without SiLU, bias, initial states and the final states' gradient."""
     assert WALKED and variant.why_invalid() is None
     f, g = variant.family, variant.geometry()
-    tpr = variant.params["threads"] // variant.params["rows"]
-    seg_l = min(tpr, 32) * g["tile_l"] // tpr  # a warp segment's positions
     # whole tiles and an edge; a segment cut halfway (the edge path above, a walk below)
-    lengths = (2 * g["tile_l"] + 37, 2 * g["tile_l"] + 38, g["tile_l"] + seg_l // 2 + 3)
+    lengths = (2 * g["tile_l"] + 37, 2 * g["tile_l"] + 38, g["tile_l"] + cf_segment_positions(variant) // 2 + 3)
     for n, feats in enumerate((dict(silu=True, bias=True, final=True), dict(silu=False, bias=False, states=True),
                                dict(silu=True, bias=True, final=True, states=True))):
         case = Case(layout="cf", x_dtype=f.x_dtype, w_dtype=f.w_dtype, width=f.width, batch=2,

@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
 
 from fresh_process import stdout_words  # noqa: E402
 from fwd_cases import Case, boundary_rich_seq_idx, make_inputs, seq_idx_on_device  # noqa: E402
-from test_backward_gpu import (check_grads, launch_bwd_variant, make_grads,  # noqa: E402
+from test_backward_gpu import (cf_segment_positions, check_grads, launch_bwd_variant, make_grads,  # noqa: E402
                                poison_gradient_buffers, reference_grads)  # noqa: F401 (autouse fixture)
 from variant_sets import covering_and_shipped  # noqa: E402
 
@@ -33,6 +33,7 @@ def test_seq_builds_match_reference(rt, variant):
     """Three work items and an edge per row, rows past the last channel, warps and steps
     with and without a boundary, boundaries inside vectors and halos, padding, the final
     states' gradient, and seq_idx contiguous, strided and misaligned; gradients poisoned.
+    Channel-first, the last call's last segment is cut halfway.
     Channel-last rows are longer (about one boundary per 1000 tokens outside the dense
     stretch) and two of the three calls run on one block per channel group: each thread
     then streams many steps, carrying its window's ids from step to step and across rows."""
@@ -40,9 +41,12 @@ def test_seq_builds_match_reference(rt, variant):
     g = variant.geometry()
     cl = f.layout == "cl"
     gen = torch.Generator().manual_seed(zlib.crc32(variant.key().encode()))
+    # the third call's last channel-first segment is cut halfway (walked: edge path above, walk below)
+    cut = 0 if cl else cf_segment_positions(variant) // 2
     for k, how in enumerate(("contiguous", "strided", "misaligned")):
         case = Case(layout=f.layout, x_dtype=f.x_dtype, w_dtype=f.w_dtype, width=f.width, batch=2,
-                    dim=2 * g["tile_d"] + 1, seqlen=3 * g["tile_l"] + 37 + 2 * k + (1200 if cl else 0),
+                    dim=2 * g["tile_d"] + 1,
+                    seqlen=3 * g["tile_l"] + 37 + 2 * k + (1200 if cl else 0) + (cut if k == 2 else 0),
                     bias=k != 1, silu=k != 2, seq_idx=True, states=k == 1, final=k == 2,
                     align=g["align_bytes"] // f.x_bytes)
         inp = make_inputs(case, seed=int(torch.randint(0, 1 << 30, (1,), generator=gen)))
