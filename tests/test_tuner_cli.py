@@ -44,6 +44,16 @@ def test_start_from_names_a_missing_db(shapes, tmp_path, capsys):
     assert code == 2 and "--start-from: expected tuning DB files" in err and "none.db" in err
 
 
+def test_family_starts_is_checked(shapes, tmp_path, capsys):
+    code, _, err = run(["--arch", "sm_90", "--shapes", shapes, "--family-starts", "3"], capsys, probe=lambda: H100)
+    assert code == 2 and "--family-starts: needs --start-from" in err
+    old = tmp_path / "old.db"
+    TuningDB(old).close()
+    code, _, err = run(["--arch", "sm_90", "--shapes", shapes, "--start-from", old, "--family-starts", "-1"], capsys,
+                       probe=lambda: H100)
+    assert code == 2 and "--family-starts: expected 0 or a positive number, got -1" in err
+
+
 def test_no_gpu_errors(shapes, capsys):
     code, _, err = run(["--arch", "sm_90", "--shapes", shapes], capsys)
     assert code == 2 and "--arch sm_90: no GPU is visible here" in err and "--compile-only" in err

@@ -342,6 +342,60 @@ def test_one_knob_neighbours_of_the_start_config_follow_its_register_caps(db):
     assert res.winner.key() == faster
 
 
+def test_family_starts_follow_the_shapes_own_winner_nearest_shape_first(tmp_path):
+    """start_configs(family=N) adds the winners of the N nearest other shapes of the family
+    (dispatch_rank), after the shape's own and without repeats; other families, other
+    generator epochs and configs the arch cannot build are not among them."""
+    valid = list(variants(CF.family(), arch_info(ARCH)))
+    own, near, far, stale = valid[1], valid[2], valid[3], valid[4]
+    near_shape, far_shape, same_shape, stale_shape = parse_shapes(
+        [{"layout": "cf", "batch": 2, "dim": 256, "seqlen": n} for n in (2048, 65536, 512, 1100)])
+    with TuningDB(tmp_path / "old.db") as old, TuningDB(tmp_path / "other.db") as other:
+        _store_winner(old, CF, own)
+        _store_winner(old, far_shape, far)
+        _store_winner(old, same_shape, own)  # the shape's own config again: not repeated
+        _store_winner(other, near_shape, near)
+        _store_winner(other, stale_shape, stale)
+        other.conn.execute("UPDATE winners SET epoch = epoch + 1 WHERE seqlen = 1100")  # another generator
+        _store_winner(old, CL, default_variant(CL.family()))  # another family
+        assert start_configs(CF, ARCH, [old, other]) == [own.params]
+        assert start_configs(CF, ARCH, [old, other], family=1) == [own.params, near.params]
+        assert start_configs(CF, ARCH, [old, other], family=2) == [own.params, near.params, far.params]
+        assert start_configs(CF, ARCH, [old, other], family=5) == [own.params, near.params, far.params]
+        # an untuned shape: each DB's served winner (its nearest) first, then the next nearest
+        untuned = parse_shapes([{"layout": "cf", "batch": 2, "dim": 256, "seqlen": 3000}])[0]
+        assert start_configs(untuned, ARCH, [old]) == [own.params]
+        assert start_configs(untuned, ARCH, [old], family=1) == [own.params, far.params]
+        assert start_configs(untuned, ARCH, [old, other], family=1) == [own.params, near.params, far.params]
+
+
+def test_family_starts_are_tried_after_the_start_config_and_their_neighbours_after_its(db):
+    """The search times the default, the shape's own start config, then the family's; every
+    one-knob neighbour of the own config comes before those of the family config, and a
+    family config that is faster wins (the report's start config stays the shape's own)."""
+    default = default_variant(CF.family())
+    own = default_variant(CF.family(), max_regs=96)
+    valid = {v.key(): v for v in variants(CF.family(), arch_info(ARCH))}
+    order = [p.name for p in space_for(CF.family()).params]
+
+    def knobs(a, b):
+        return sum(a.params[n] != b.params[n] for n in order)
+
+    family = next(v for v in valid.values() if knobs(v, own) >= 3 and knobs(v, default) >= 3)
+    own_near = {k for k, v in valid.items() if knobs(v, own) == 1} - {default.key()}
+    family_near = {k for k, v in valid.items() if knobs(v, family) == 1} - own_near - {default.key()}
+    assert own_near and family_near
+    ev = FakeEvaluator(times=lambda v: 5.0 if v == family else 20.0)
+    n = 3 + len(own_near) + 1
+    res = tune_shape(CF, ARCH, ev, db, SearchConfig(trials=n, finalists=4),
+                     start_configs=[own.params, family.params])
+    tried = ev.compiled[:n]
+    assert tried[:3] == [default.key(), own.key(), family.key()]
+    assert set(tried[3:3 + len(own_near)]) == own_near
+    assert tried[-1] in family_near
+    assert res.winner == family and res.start == own
+
+
 def test_start_from_tries_a_winner_whose_source_the_templates_changed(db, tmp_path):
     """The usual re-tune follows a template change: the old winners' sources no longer
     render, but their configs still name today's kernels and are tried first; a config

@@ -22,6 +22,7 @@ from .shapes import Shape, ShapesError, load_shapes
 
 log = logging.getLogger("cc1d")
 DEFAULT_TRIALS = 64
+DEFAULT_FAMILY_STARTS = 2  # --start-from: winners of the nearest other shapes of a family tried too
 
 
 class UsageError(Exception):
@@ -46,6 +47,10 @@ def tune_parser() -> argparse.ArgumentParser:
                    help="tuning DBs whose winners for each shape are tried first, right after the default, "
                         "then with one tunable changed, register caps first (timed like any candidate; e.g. "
                         "the shipped DB when re-tuning: the search then cannot miss a config it already knew)")
+    p.add_argument("--family-starts", type=int, default=None, metavar="N",
+                   help="with --start-from: also try the winners of the N nearest other shapes of the "
+                        "shape's family in those DBs, after its own, and their one-knob neighbours after "
+                        f"its own neighbours (default {DEFAULT_FAMILY_STARTS}; 0: only the shape's own winner)")
     p.add_argument("--compile-workers", type=int, default=None, metavar="N",
                    help="threads compiling candidates ahead of the one being timed (default: half the "
                         "CPUs, at most 8, shared among --workers)")
@@ -284,6 +289,7 @@ def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], Devi
     results = []
     with contextlib.ExitStack() as stack, TuningDB(db_path) as db:
         starts = [stack.enter_context(TuningDB(p, readonly=True)) for p in args.start_from]
+        family = DEFAULT_FAMILY_STARTS if args.family_starts is None else args.family_starts
         bar = tqdm(shapes, desc="shapes", unit="shape", disable=None)
         for shape in bar:
             bar.set_postfix_str(shape.describe())
@@ -302,7 +308,7 @@ def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], Devi
             try:
                 results.append(tune_shape(shape, arch, evaluator, db, cfg, storage=storage, copy_bw=copy_bw,
                                           environment=env, run_id=run_id, on_trial=on_trial,
-                                          start_configs=start_configs(shape, arch, starts)))
+                                          start_configs=start_configs(shape, arch, starts, family)))
             finally:
                 if args.isolate:
                     evaluator.close()
@@ -455,6 +461,10 @@ def main(argv: Sequence[str] | None = None, *,
             raise UsageError(f"--workers: expected a positive number, got {args.workers}")
         if args.compile_workers is not None and args.compile_workers < 1:
             raise UsageError(f"--compile-workers: expected a positive number, got {args.compile_workers}")
+        if args.family_starts is not None and args.family_starts < 0:
+            raise UsageError(f"--family-starts: expected 0 or a positive number, got {args.family_starts}")
+        if args.family_starts is not None and not args.start_from:
+            raise UsageError("--family-starts: needs --start-from (the DBs whose winners it tries)")
         for path in args.start_from:
             if not Path(path).is_file():
                 raise UsageError(f"--start-from: expected tuning DB files, got {path!r} (no such file)")

@@ -477,7 +477,21 @@ def with_added_params(family: Family, config: dict) -> dict:
     return {**config, **missing}
 
 
-def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB]) -> list[dict]:
+def _usable_config(shape: Shape, arch: str, row: dict) -> dict | None:
+    """A winner row's config as this generator builds it for the arch (with_added_params),
+    or None: another generator epoch (its params may mean something else), or a config
+    no longer in the space or not valid for the arch."""
+    if row["epoch"] != EPOCH:
+        return None
+    cfg = with_added_params(shape.family(), json.loads(row["config"]))
+    try:
+        usable = Variant.of(shape.family(), **cfg).why_invalid(arch) is None
+    except (TypeError, ValueError, KeyError):
+        usable = False  # the config is no longer in the space
+    return cfg if usable else None
+
+
+def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB], family: int = 0) -> list[dict]:
     """The configs of the winners these DBs serve the shape's calls (served_winner: the
     shape's own, else the nearest, which its calls ran until it is tuned) that this
     generator can still build for the arch: candidates a re-tune tries first, timed like any
@@ -486,18 +500,31 @@ def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB]) -> list[dict
     against the kernel its calls ran. A winner whose source the templates have changed
     since counts too (the usual reason to re-tune): its config renders to today's kernel,
     which is what gets timed, a tunable added since taking its default (with_added_params).
-    Winners of another generator epoch do not (their params may mean something else)."""
+    Winners of another generator epoch do not (their params may mean something else).
+
+    Then, with `family` > 0, the configs of that many more winners of the shape's family in
+    these DBs, nearest shape first (dispatch_rank), skipping configs already in the list:
+    a search that starts only from its own winner explores one knob at a time around it,
+    while a config that won at a neighbouring shape may be several knobs away (session 57:
+    the walked config faster at (8, 5120, 2048) was four knobs from that shape's winner and
+    two from (2, 4096, 2048)'s). The first config stays the shape's served winner: the
+    report's "vs start" and the tie rule refer to it."""
     out = []
     for db in dbs:
         row = served_winner(db, arch, shape)
-        if row is not None and row["epoch"] == EPOCH:
-            cfg = with_added_params(shape.family(), json.loads(row["config"]))
-            try:
-                usable = Variant.of(shape.family(), **cfg).why_invalid(arch) is None
-            except (TypeError, ValueError, KeyError):
-                usable = False  # the config is no longer in the space
-            if usable and cfg not in out:
+        cfg = _usable_config(shape, arch, row) if row is not None else None
+        if cfg is not None and cfg not in out:
+            out.append(cfg)
+    if family > 0:
+        rows = [r for db in dbs for r in db.winners(arch) if r["family_key"] == shape.family().key()]
+        extra = 0
+        for row in sorted(rows, key=lambda r: dispatch_rank(shape, r)):
+            cfg = _usable_config(shape, arch, row)
+            if cfg is not None and cfg not in out:
                 out.append(cfg)
+                extra += 1
+                if extra == family:
+                    break
     return out
 
 
