@@ -19,7 +19,7 @@ import torch
 
 import cc1d
 from peers import causal_conv1d_bwd, causal_conv1d_version
-from timing import copy_ceiling_gbps, graph_time_us, n_buffers
+from timing import INTERLEAVED, copy_ceiling_gbps, graph_time_us, graph_times_us, n_buffers
 
 DT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -52,6 +52,19 @@ def packed_seq_idx(batch, seqlen, sequences=64, seed=0):
     return torch.cumsum(starts, 0).to(torch.int32).expand(batch, seqlen).contiguous().cuda()
 
 
+def _record(row, times, frac, ours, theirs):
+    """Puts graph_times_us's cc1d and peer entries into a result row: `<ours>_us` and
+    `_frac` (where cc1d raised, the benchmark stops: no row is worth writing), then
+    `<theirs>_us` and `_frac`, or `<theirs>_error` where the peer refused the case."""
+    if isinstance(times["cc1d"], str):
+        raise RuntimeError(f"cc1d failed on {row['layout']} {row['shape']}: {times['cc1d']}")
+    row.update({f"{ours}_us": times["cc1d"], f"{ours}_frac": frac(times["cc1d"])})
+    if isinstance(times.get("peer"), str):
+        row[f"{theirs}_error"] = times["peer"]
+    elif "peer" in times:
+        row.update({f"{theirs}_us": times["peer"], f"{theirs}_frac": frac(times["peer"])})
+
+
 def bench_case(case, copy_gbps, peer, with_seq_idx=False, seq_len=None):
     layout, xd, wd, width, batch, dim, seqlen = case
     nbytes = 3 * batch * dim * seqlen * torch.finfo(DT[xd]).bits // 8
@@ -64,8 +77,11 @@ def bench_case(case, copy_gbps, peer, with_seq_idx=False, seq_len=None):
     def frac(us):
         return nbytes / (us * 1e-6) / 1e9 / copy_gbps
 
-    us = graph_time_us([lambda s=s: cc1d.causal_conv1d_bwd(s[0], w, b, s[1], activation="silu") for s in sets])
-    row.update(bwd_us=us, bwd_frac=frac(us))
+    # cc1d and the peer on the same inputs, their replays interleaved (timing.graph_times_us)
+    plain = {"cc1d": [lambda s=s: cc1d.causal_conv1d_bwd(s[0], w, b, s[1], activation="silu") for s in sets]}
+    if peer is not None:
+        plain["peer"] = [lambda s=s: peer(s[0], w, b, s[1], None, None, None, None, False, True) for s in sets]
+    _record(row, graph_times_us(plain), frac, "bwd", "peer")
 
     def step(x, dout):
         cc1d.causal_conv1d_fn(x, w, b, activation="silu")
@@ -75,23 +91,11 @@ def bench_case(case, copy_gbps, peer, with_seq_idx=False, seq_len=None):
         sequences = 64 if seq_len is None else max(1, seqlen // seq_len)
         si = packed_seq_idx(batch, seqlen, sequences)
         row.update(sequences=sequences)
-        us = graph_time_us([lambda s=s: cc1d.causal_conv1d_bwd(s[0], w, b, s[1], seq_idx=si, activation="silu")
-                            for s in sets])
-        row.update(seq_bwd_us=us, seq_bwd_frac=frac(us))
+        packed = {"cc1d": [lambda s=s: cc1d.causal_conv1d_bwd(s[0], w, b, s[1], seq_idx=si, activation="silu")
+                           for s in sets]}
         if peer is not None and layout == "cl":
-            try:
-                us = graph_time_us([lambda s=s: peer(s[0], w, b, s[1], si, None, None, None, False, True)
-                                    for s in sets])
-                row.update(peer_seq_us=us)
-            except Exception as exc:
-                row.update(peer_seq_error=str(exc)[:200])
-    if peer is not None:
-        try:
-            us = graph_time_us([lambda s=s: peer(s[0], w, b, s[1], None, None, None, None, False, True)
-                                for s in sets])
-            row.update(peer_us=us, peer_frac=frac(us))
-        except Exception as exc:  # the peer rejects some layouts/dtypes, or its signature moved
-            row.update(peer_error=str(exc)[:200])
+            packed["peer"] = [lambda s=s: peer(s[0], w, b, s[1], si, None, None, None, False, True) for s in sets]
+        _record(row, graph_times_us(packed), frac, "seq_bwd", "peer_seq")
     return row
 
 
@@ -129,7 +133,7 @@ def main() -> None:
                   f"{r['seq_bwd_us']:.1f} | {100 * r['seq_bwd_frac']:.0f} % | {peer_seq} |")
     if args.out:
         with open(args.out, "w") as fh:
-            json.dump(dict(device=dev, copy_gbps=copy_gbps,
+            json.dump(dict(device=dev, copy_gbps=copy_gbps, timing=INTERLEAVED,
                            peer_version=causal_conv1d_version(), rows=rows), fh, indent=1)
 
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import cc1d
 from peers import causal_conv1d, causal_conv1d_version
-from timing import copy_ceiling_gbps, graph_time_us, n_buffers
+from timing import INTERLEAVED, copy_ceiling_gbps, graph_times_us, n_buffers
 
 DT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -62,21 +62,24 @@ def bench_case(case, copy_gbps, peer):
     def frac(us):
         return nbytes / (us * 1e-6) / 1e9 / copy_gbps
 
-    us = graph_time_us([lambda x=x: cc1d.causal_conv1d_fn(x, w, b, activation="silu") for x in sets])
-    row.update(cc1d_us=us, cc1d_frac=frac(us))
     wc = w.to(sets[0].dtype)[:, None, :]
     bc = b.to(sets[0].dtype)
 
     def torch_conv(x):
         return F.silu(F.conv1d(x, wc, bc, padding=width - 1, groups=dim)[..., :seqlen])
-    us = graph_time_us([lambda x=x: torch_conv(x) for x in sets])
-    row.update(torch_us=us, torch_frac=frac(us))
+    # on the same inputs, their replays interleaved (timing.graph_times_us)
+    candidates = {"cc1d": [lambda x=x: cc1d.causal_conv1d_fn(x, w, b, activation="silu") for x in sets],
+                  "torch": [lambda x=x: torch_conv(x) for x in sets]}
     if peer is not None:
-        try:
-            us = graph_time_us([lambda x=x: peer(x, w, b, activation="silu") for x in sets])
-            row.update(peer_us=us, peer_frac=frac(us))
-        except Exception as exc:  # the peer rejects some layouts/dtypes
-            row.update(peer_error=str(exc)[:200])
+        candidates["peer"] = [lambda x=x: peer(x, w, b, activation="silu") for x in sets]
+    times = graph_times_us(candidates)
+    for name, t in times.items():
+        if not isinstance(t, str):
+            row.update({f"{name}_us": t, f"{name}_frac": frac(t)})
+        elif name == "peer":  # the peer rejects some layouts/dtypes
+            row.update(peer_error=t)
+        else:
+            raise RuntimeError(f"{name} failed on {layout} {[batch, dim, seqlen]}: {t}")
     return row
 
 
@@ -104,7 +107,7 @@ def main() -> None:
               f"{100 * r['torch_frac']:.0f} % | {peer_cols} |")
     if args.out:
         with open(args.out, "w") as fh:
-            json.dump(dict(device=dev, copy_gbps=copy_gbps, host=platform.node(),
+            json.dump(dict(device=dev, copy_gbps=copy_gbps, timing=INTERLEAVED, host=platform.node(),
                            peer_version=causal_conv1d_version(), rows=rows), fh, indent=1)
 
 

@@ -100,7 +100,9 @@ def run_line(what: str, res: dict | None) -> str:
     if not res:
         return ""
     copy = f", copy {res['copy_gbps']:.0f} GB/s" if res.get("copy_gbps") else ""
-    return f"{what}: one run on {res.get('device', '?')}{copy}."
+    how = " (cc1d and the others on the same inputs, their graph replays interleaved)" \
+        if res.get("timing") == "interleaved" else ""
+    return f"{what}: one run on {res.get('device', '?')}{copy}{how}."
 
 
 def table(rows: list[dict]) -> list[str]:

@@ -14,6 +14,7 @@ import torch
 
 ROTATE_BYTES = 256 << 20  # working set that defeats the 50-60 MB L2
 MAX_SETS = 8192           # a decode step at batch 1 moves ~80 KB: ~3300 sets reach ROTATE_BYTES
+INTERLEAVED = "interleaved"  # a benchmark JSON's "timing" where graph_times_us timed cc1d beside the peer
 
 
 def n_buffers(bytes_per_set: int) -> int:
@@ -22,10 +23,8 @@ def n_buffers(bytes_per_set: int) -> int:
     return max(2, min(MAX_SETS, -(-ROTATE_BYTES // max(bytes_per_set, 1))))
 
 
-def graph_time_us(fns: Sequence[Callable[[], object]], replays: int = 30,
-                  calls_per_graph: int | None = None) -> float:
-    """Median device time per call (µs) of cycling through `fns` inside a CUDA graph."""
-    calls = calls_per_graph or max(len(fns), 20)
+def _captured(fns: Sequence[Callable[[], object]], calls: int) -> "torch.cuda.CUDAGraph":
+    """A CUDA graph of `calls` calls cycling through `fns`, warmed up and replayed once."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -40,15 +39,51 @@ def graph_time_us(fns: Sequence[Callable[[], object]], replays: int = 30,
             fns[i % len(fns)]()
     graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / calls)
-    return statistics.median(times)
+    return graph
+
+
+def _replay_us(graph: "torch.cuda.CUDAGraph", calls: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000.0 / calls
+
+
+def graph_time_us(fns: Sequence[Callable[[], object]], replays: int = 30,
+                  calls_per_graph: int | None = None) -> float:
+    """Median device time per call (µs) of cycling through `fns` inside a CUDA graph."""
+    calls = calls_per_graph or max(len(fns), 20)
+    graph = _captured(fns, calls)
+    return statistics.median(_replay_us(graph, calls) for _ in range(replays))
+
+
+def graph_times_us(candidates: dict[str, Sequence[Callable[[], object]]],
+                   replays: int = 30) -> dict[str, float | str]:
+    """graph_time_us of several candidates (say cc1d and the peer on the same inputs) with
+    their replays interleaved: each round replays every candidate's graph once, the order
+    reversed every other round. A device whose speed drifts during a run (clocks, heat,
+    other work) then slows each candidate alike, so their ratio holds where back-to-back
+    timings drift apart (session 58: the same two kernels measured 0.86-1.12x of each other
+    across four runs). A candidate that raises while warming up or being captured gets the
+    error's text (its first 200 characters) instead of a time; the others are timed."""
+    graphs: dict[str, tuple] = {}
+    out: dict[str, float | str] = {}
+    for name, fns in candidates.items():
+        calls = max(len(fns), 20)
+        try:
+            graphs[name] = (_captured(fns, calls), calls)
+        except Exception as exc:  # a peer rejects some layouts or dtypes, or its signature moved
+            out[name] = str(exc)[:200] or type(exc).__name__
+    times: dict[str, list[float]] = {name: [] for name in graphs}
+    order = list(graphs)
+    for r in range(replays):
+        for name in (order if r % 2 == 0 else order[::-1]):
+            graph, calls = graphs[name]
+            times[name].append(_replay_us(graph, calls))
+    out.update({name: statistics.median(t) for name, t in times.items()})
+    return {name: out[name] for name in candidates}
 
 
 def _eager_time_us(fn: Callable[[], object], reps: int = 20) -> float:

@@ -133,3 +133,17 @@ def test_the_shipped_page_is_what_its_stored_runs_give(tmp_path, monkeypatch, pa
     assert (tmp_path / "PERFORMANCE.md").read_text() == shipped
     link = shipped.rsplit("[PERFORMANCE_NOTES.md](", 1)[1].split(")", 1)[0]
     assert ((repo / page).parent / link).resolve() == (repo / "docs" / "PERFORMANCE_NOTES.md").resolve()
+
+
+def test_a_run_timed_interleaved_says_so(tmp_path, monkeypatch):
+    """bench_fwd/bench_bwd mark runs whose cc1d and peer replays were interleaved
+    (timing.graph_times_us); older runs, timed one after the other, are not so described."""
+    monkeypatch.setattr(report, "plot", lambda rows, path: None)
+    fwd = _write(tmp_path / "fwd.json", dict(device="GPU A", copy_gbps=3000.0, timing="interleaved",
+                                              rows=[_fwd_row(81.0, 0.98)]))
+    bwd = _write(tmp_path / "bwd.json", dict(device="GPU A", copy_gbps=3000.0,
+                                              rows=[dict(_fwd_row(0, 0), bwd_us=184.5, bwd_frac=0.91)]))
+    report.main(["--fwd", fwd, "--bwd", bwd, "--out", str(tmp_path / "out")])
+    page = (tmp_path / "out" / "PERFORMANCE.md").read_text()
+    assert ("Forward: one run on GPU A, copy 3000 GB/s (cc1d and the others on the same inputs, their graph "
+            "replays interleaved). Backward: one run on GPU A, copy 3000 GB/s.") in page

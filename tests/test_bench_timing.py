@@ -1,0 +1,109 @@
+"""benchmarks/timing.py's graph_times_us without a GPU: torch.cuda's graphs, streams and
+events replaced by fakes on a simulated clock. Candidates' replays are interleaved, so a
+device that slows down during the run slows each alike (their ratio holds where timing
+one after the other does not), and a candidate that fails to capture gets its error."""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+spec = importlib.util.spec_from_file_location("cc1d_bench_timing", BENCH / "timing.py")
+timing = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(timing)
+
+
+class FakeDevice:
+    """A device whose every replay takes a candidate's cost times a slowdown that grows
+    with each replay (the drift), and records the order of replays."""
+
+    def __init__(self, drift: float):
+        self.drift, self.clock, self.replays, self.capturing = drift, 0.0, [], None
+
+    def install(self, monkeypatch):
+        dev = self
+
+        class Graph:
+            def __init__(self):
+                self.calls = []
+
+            def replay(self):
+                dev.replays.append(self.name)
+                dev.clock += sum(self.calls) * (1.0 + dev.drift * len(dev.replays))
+
+        @contextlib.contextmanager
+        def graph(g):
+            dev.capturing = g
+            try:
+                yield
+            finally:
+                dev.capturing = None
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self):
+                self.t = dev.clock
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return end.t - self.t  # "ms"
+
+        class Stream:
+            def wait_stream(self, other):
+                pass
+
+        cuda = timing.torch.cuda
+        monkeypatch.setattr(cuda, "CUDAGraph", Graph)
+        monkeypatch.setattr(cuda, "graph", graph)
+        monkeypatch.setattr(cuda, "Event", Event)
+        monkeypatch.setattr(cuda, "Stream", lambda: Stream())
+        monkeypatch.setattr(cuda, "stream", lambda s: contextlib.nullcontext())
+        monkeypatch.setattr(cuda, "current_stream", lambda: Stream())
+        monkeypatch.setattr(cuda, "synchronize", lambda: None)
+
+    def kernel(self, name: str, cost: float):
+        """A benchmarked function: inside a capture it adds its cost to the graph."""
+        def fn():
+            g = self.capturing
+            if g is not None:
+                g.name = name
+                g.calls.append(cost)
+        return fn
+
+
+def test_interleaved_replays_keep_the_ratio_of_a_drifting_device(monkeypatch):
+    dev = FakeDevice(drift=0.01)
+    dev.install(monkeypatch)
+    times = timing.graph_times_us({"cc1d": [dev.kernel("cc1d", 1.0)] * 2, "peer": [dev.kernel("peer", 1.0)] * 2},
+                                  replays=30)
+    assert list(times) == ["cc1d", "peer"]
+    assert times["peer"] / times["cc1d"] == pytest.approx(1.0, abs=0.02)  # equal kernels stay equal
+    assert dev.replays == ["cc1d", "peer"] + ["cc1d", "peer", "peer", "cc1d"] * 15  # one after capture, then rounds
+    # the same two timed one after the other: the drift alone makes the second 30 % slower
+    dev2 = FakeDevice(drift=0.01)
+    dev2.install(monkeypatch)
+    a = timing.graph_time_us([dev2.kernel("cc1d", 1.0)] * 2, replays=30)
+    b = timing.graph_time_us([dev2.kernel("peer", 1.0)] * 2, replays=30)
+    assert b / a > 1.25
+
+
+def test_a_candidate_that_fails_gets_its_error_and_the_others_are_timed(monkeypatch):
+    dev = FakeDevice(drift=0.0)
+    dev.install(monkeypatch)
+
+    def refuses():
+        raise RuntimeError("causal_conv1d: width 8 is not supported")
+
+    times = timing.graph_times_us({"cc1d": [dev.kernel("cc1d", 2.0)], "peer": [refuses]}, replays=5)
+    assert times["cc1d"] == pytest.approx(2.0 * 1000.0)  # "ms" per call, reported in µs
+    assert times["peer"] == "causal_conv1d: width 8 is not supported"
+    assert set(dev.replays) == {"cc1d"}
