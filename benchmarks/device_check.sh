@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine: build cc1d, run the gpu tests (extra pytest args pass through)
 # and every benchmark docs/PERFORMANCE.md is written from (bench_python_path.py besides: the
-# Python side's pieces). Logs and JSON go to $OUT (the device tool's folder) or /tmp/cc1d-out.
+# Python side's pieces) and bench_near.py (lengths around a tuned one). $OUT (the device tool's
+# folder, default /tmp/cc1d-out) gets eight files, as many as the device tool brings back: one log
+# (device_check.log: the gpu tests' last 150 lines and every benchmark's output) and the seven benchmark JSONs;
+# the build's and the peer's install logs stay in /tmp (their tails are printed when they fail).
 # The peer times beside cc1d where its wheel (benchmarks/build_peer_wheel.sh) is in $PEER_WHEELS
 # (default .peer). Then, on the CPU machine: perf_report.py --fwd ... --out docs (or docs/<device>).
 #   bash benchmarks/device_check.sh [pytest args...]
@@ -13,20 +16,23 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
-python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/build.log" 2>&1 \
-  || { tail -40 "$OUT/build.log"; exit 1; }
+LOG="$OUT/device_check.log"
+python3 -m pip install -q --no-build-isolation --no-deps . >/tmp/cc1d-build.log 2>&1 \
+  || { tail -40 /tmp/cc1d-build.log; exit 1; }
 PEER_WHEELS=${PEER_WHEELS:-.peer}
 if compgen -G "$PEER_WHEELS/causal_conv1d-*.whl" >/dev/null; then
-  python3 -m pip install -q --no-deps "$PEER_WHEELS"/causal_conv1d-*.whl >"$OUT/peer_install.log" 2>&1 \
-    || echo "device_check: the peer's wheel did not install (see $OUT/peer_install.log); benchmarks run without it"
+  python3 -m pip install -q --no-deps "$PEER_WHEELS"/causal_conv1d-*.whl >/tmp/cc1d-peer-install.log 2>&1 \
+    || { tail -20 /tmp/cc1d-peer-install.log
+         echo "device_check: the peer's wheel did not install; benchmarks run without it"; }
 fi
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-python3 -P -m pytest -q -m gpu -p no:cacheprovider "$@" 2>&1 | tee "$OUT/gpu_tests.log" | tail -60
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$LOG"
+python3 -P -m pytest -q -m gpu -p no:cacheprovider "$@" >/tmp/cc1d-gpu-tests.log 2>&1
+tail -150 /tmp/cc1d-gpu-tests.log | tee -a "$LOG"
 if [ -z "${SKIP_BENCH:-}" ]; then
-  python3 benchmarks/bench_fwd.py --out "$OUT/bench_fwd.json" 2>&1 | tee "$OUT/bench_fwd.log"
-  python3 benchmarks/bench_bwd.py --out "$OUT/bench_bwd.json" 2>&1 | tee "$OUT/bench_bwd.log"
-  python3 benchmarks/bench_overhead.py --out "$OUT/bench_overhead.json" 2>&1 | tee "$OUT/bench_overhead.log"
-  python3 benchmarks/bench_python_path.py --out "$OUT/bench_python_path.json" 2>&1 | tee "$OUT/bench_python_path.log"
-  python3 benchmarks/bench_varlen.py --out "$OUT/bench_varlen.json" 2>&1 | tee "$OUT/bench_varlen.log"
-  python3 benchmarks/bench_update.py --indices --out "$OUT/bench_update.json" 2>&1 | tee "$OUT/bench_update.log"
+  for bench in fwd bwd overhead python_path varlen near; do
+    echo "== bench_$bench" | tee -a "$LOG"
+    python3 "benchmarks/bench_$bench.py" --out "$OUT/bench_$bench.json" 2>&1 | tee -a "$LOG"
+  done
+  echo "== bench_update --indices" | tee -a "$LOG"
+  python3 benchmarks/bench_update.py --indices --out "$OUT/bench_update.json" 2>&1 | tee -a "$LOG"
 fi
