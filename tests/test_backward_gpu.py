@@ -154,9 +154,11 @@ def cf_segment_positions(variant) -> int:
 @pytest.mark.parametrize("variant", WALKED, ids=lambda v: v.key())
 def test_walked_segments_match_reference(rt, variant):
     """Channel-first variants that walk their segments (nvec above 4: loads staged through
-    a ring in shared memory), covering and shipped, at lengths of whole tiles and an edge past them, so every
-    warp walks whole segments before the edge path takes the rest; rows past the last
-    channel; with and without SiLU, bias, initial states and the final states' gradient."""
+    a ring in shared memory), covering and shipped, at lengths of whole tiles and an edge past
+    them (whole segments walked, the rest on the edge path) and at one that cuts a segment
+    halfway (the edge path takes its top vectors, the walk the whole ones below, g handed
+    over through the ring); rows past the last channel; with and without SiLU, bias,
+    initial states and the final states' gradient."""
     assert WALKED and variant.why_invalid() is None
     f, g = variant.family, variant.geometry()
     # whole tiles and an edge; a segment cut halfway (the edge path above, a walk below)
