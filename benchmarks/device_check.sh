@@ -7,7 +7,9 @@
 # the build's and the peer's install logs stay in /tmp (their tails are printed when they fail).
 # The peer times beside cc1d where its wheel (benchmarks/build_peer_wheel.sh) is in $PEER_WHEELS
 # (default .peer). Then, on the CPU machine: perf_report.py --fwd ... --out docs (or docs/<device>).
-#   bash benchmarks/device_check.sh [pytest args...]
+# A device call runs 10 minutes at most: split the run, SKIP_BENCH=1 for the tests alone (a
+# -k subset each call), SKIP_TESTS=1 for the benchmarks alone.
+#   [SKIP_TESTS=1 | SKIP_BENCH=1] bash benchmarks/device_check.sh [pytest args...]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/cc1d-out}; mkdir -p "$OUT"
@@ -26,8 +28,10 @@ if compgen -G "$PEER_WHEELS/causal_conv1d-*.whl" >/dev/null; then
          echo "device_check: the peer's wheel did not install; benchmarks run without it"; }
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$LOG"
-python3 -P -m pytest -q -m gpu -p no:cacheprovider "$@" >/tmp/cc1d-gpu-tests.log 2>&1
-tail -150 /tmp/cc1d-gpu-tests.log | tee -a "$LOG"
+if [ -z "${SKIP_TESTS:-}" ]; then
+  python3 -P -m pytest -q -m gpu -p no:cacheprovider "$@" >/tmp/cc1d-gpu-tests.log 2>&1
+  tail -150 /tmp/cc1d-gpu-tests.log | tee -a "$LOG"
+fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   for bench in fwd bwd overhead python_path varlen near; do
     echo "== bench_$bench" | tee -a "$LOG"
