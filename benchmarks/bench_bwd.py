@@ -13,13 +13,12 @@ the plain build.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
 import cc1d
 from peers import causal_conv1d_bwd, causal_conv1d_version
-from timing import INTERLEAVED, copy_ceiling_gbps, graph_time_us, graph_times_us, n_buffers
+from timing import copy_ceiling_gbps, graph_time_us, graph_times_us, n_buffers, record_times, write_interleaved_run
 
 DT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -52,19 +51,6 @@ def packed_seq_idx(batch, seqlen, sequences=64, seed=0):
     return torch.cumsum(starts, 0).to(torch.int32).expand(batch, seqlen).contiguous().cuda()
 
 
-def _record(row, times, frac, ours, theirs):
-    """Puts graph_times_us's cc1d and peer entries into a result row: `<ours>_us` and
-    `_frac` (where cc1d raised, the benchmark stops: no row is worth writing), then
-    `<theirs>_us` and `_frac`, or `<theirs>_error` where the peer refused the case."""
-    if isinstance(times["cc1d"], str):
-        raise RuntimeError(f"cc1d failed on {row['layout']} {row['shape']}: {times['cc1d']}")
-    row.update({f"{ours}_us": times["cc1d"], f"{ours}_frac": frac(times["cc1d"])})
-    if isinstance(times.get("peer"), str):
-        row[f"{theirs}_error"] = times["peer"]
-    elif "peer" in times:
-        row.update({f"{theirs}_us": times["peer"], f"{theirs}_frac": frac(times["peer"])})
-
-
 def bench_case(case, copy_gbps, peer, with_seq_idx=False, seq_len=None):
     layout, xd, wd, width, batch, dim, seqlen = case
     nbytes = 3 * batch * dim * seqlen * torch.finfo(DT[xd]).bits // 8
@@ -81,7 +67,7 @@ def bench_case(case, copy_gbps, peer, with_seq_idx=False, seq_len=None):
     plain = {"cc1d": [lambda s=s: cc1d.causal_conv1d_bwd(s[0], w, b, s[1], activation="silu") for s in sets]}
     if peer is not None:
         plain["peer"] = [lambda s=s: peer(s[0], w, b, s[1], None, None, None, None, False, True) for s in sets]
-    _record(row, graph_times_us(plain), frac, "bwd", "peer")
+    record_times(row, graph_times_us(plain), frac, {"cc1d": "bwd"})
 
     def step(x, dout):
         cc1d.causal_conv1d_fn(x, w, b, activation="silu")
@@ -95,7 +81,7 @@ def bench_case(case, copy_gbps, peer, with_seq_idx=False, seq_len=None):
                            for s in sets]}
         if peer is not None and layout == "cl":
             packed["peer"] = [lambda s=s: peer(s[0], w, b, s[1], si, None, None, None, False, True) for s in sets]
-        _record(row, graph_times_us(packed), frac, "seq_bwd", "peer_seq")
+        record_times(row, graph_times_us(packed), frac, {"cc1d": "seq_bwd", "peer": "peer_seq"})
     return row
 
 
@@ -132,9 +118,8 @@ def main() -> None:
             print(f"| {r['layout']} | {r['x']}/{r['w']} | {tuple(r['shape'])} | {r['bwd_us']:.1f} | "
                   f"{r['seq_bwd_us']:.1f} | {100 * r['seq_bwd_frac']:.0f} % | {peer_seq} |")
     if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(dict(device=dev, copy_gbps=copy_gbps, timing=INTERLEAVED,
-                           peer_version=causal_conv1d_version(), rows=rows), fh, indent=1)
+        write_interleaved_run(args.out, rows, device=dev, copy_gbps=copy_gbps,
+                              peer_version=causal_conv1d_version())
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ same run (minimal bytes: read x, write out).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 
 import torch
@@ -16,7 +15,7 @@ import torch.nn.functional as F
 
 import cc1d
 from peers import causal_conv1d, causal_conv1d_version
-from timing import INTERLEAVED, copy_ceiling_gbps, graph_times_us, n_buffers
+from timing import copy_ceiling_gbps, graph_times_us, n_buffers, record_times, write_interleaved_run
 
 DT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -72,14 +71,7 @@ def bench_case(case, copy_gbps, peer):
                   "torch": [lambda x=x: torch_conv(x) for x in sets]}
     if peer is not None:
         candidates["peer"] = [lambda x=x: peer(x, w, b, activation="silu") for x in sets]
-    times = graph_times_us(candidates)
-    for name, t in times.items():
-        if not isinstance(t, str):
-            row.update({f"{name}_us": t, f"{name}_frac": frac(t)})
-        elif name == "peer":  # the peer rejects some layouts/dtypes
-            row.update(peer_error=t)
-        else:
-            raise RuntimeError(f"{name} failed on {layout} {[batch, dim, seqlen]}: {t}")
+    record_times(row, graph_times_us(candidates), frac)
     return row
 
 
@@ -106,9 +98,8 @@ def main() -> None:
               f"{r['cc1d_us']:.1f} | {100 * r['cc1d_frac']:.0f} % | {r['torch_us']:.1f} | "
               f"{100 * r['torch_frac']:.0f} % | {peer_cols} |")
     if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(dict(device=dev, copy_gbps=copy_gbps, timing=INTERLEAVED, host=platform.node(),
-                           peer_version=causal_conv1d_version(), rows=rows), fh, indent=1)
+        write_interleaved_run(args.out, rows, device=dev, copy_gbps=copy_gbps, host=platform.node(),
+                              peer_version=causal_conv1d_version())
 
 
 if __name__ == "__main__":

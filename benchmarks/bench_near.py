@@ -17,7 +17,6 @@ bf16 x and weight, width 4, bias, SiLU.
 from __future__ import annotations
 
 import argparse
-import json
 
 OPS = ("fwd", "bwd")
 LAYOUTS = ("cf", "cl")
@@ -67,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import cc1d
     from peers import causal_conv1d, causal_conv1d_bwd, causal_conv1d_version
-    from timing import INTERLEAVED, copy_ceiling_gbps, graph_times_us, n_buffers
+    from timing import copy_ceiling_gbps, graph_times_us, n_buffers, record_times, write_interleaved_run
 
     dt, width, b_, d_ = torch.bfloat16, 4, args.batch, args.dim
     w = torch.randn(d_, width, device="cuda", dtype=dt) / width ** 0.5
@@ -99,18 +98,10 @@ def main(argv: list[str] | None = None) -> None:
                     if peer is not None:
                         cands["peer"] = [lambda s=s: peer(s[0], w, bias, s[1], None, None, None, None, False, True)
                                          for s in sets]
-                times = graph_times_us(cands)
-                if isinstance(times["cc1d"], str):
-                    raise RuntimeError(f"cc1d failed on {op} {layout} {(b_, d_, length)}: {times['cc1d']}")
-                us = times["cc1d"]
-                base = base or (us, length)
-                row = dict(op=op, layout=layout, shape=[b_, d_, length], cc1d_us=us,
-                           cc1d_frac=nbytes / (us * 1e-6) / 1e9 / copy_gbps,
-                           per_position_vs_first=(us / length) / (base[0] / base[1]))
-                if isinstance(times.get("peer"), str):
-                    row["peer_error"] = times["peer"]
-                elif "peer" in times:
-                    row.update(peer_us=times["peer"], peer_frac=nbytes / (times["peer"] * 1e-6) / 1e9 / copy_gbps)
+                row = dict(op=op, layout=layout, shape=[b_, d_, length])
+                record_times(row, graph_times_us(cands), lambda us, n=nbytes: n / (us * 1e-6) / 1e9 / copy_gbps)
+                base = base or (row["cc1d_us"], length)
+                row["per_position_vs_first"] = (row["cc1d_us"] / length) / (base[0] / base[1])
                 rows.append(row)
                 del sets
 
@@ -126,9 +117,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {r['op']} | {r['layout']} | {tuple(r['shape'])} | {r['cc1d_us']:.1f} | "
               f"{100 * r['cc1d_frac']:.0f} % | {r['per_position_vs_first']:.2f}x | {peer_cols} |")
     if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(dict(device=dev, copy_gbps=copy_gbps, timing=INTERLEAVED,
-                           peer_version=causal_conv1d_version(), rows=rows), fh, indent=1)
+        write_interleaved_run(args.out, rows, device=dev, copy_gbps=copy_gbps,
+                              peer_version=causal_conv1d_version())
 
 
 if __name__ == "__main__":

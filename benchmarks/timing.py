@@ -6,6 +6,7 @@ the graph's replays are timed with CUDA events; the median per call is kept.
 """
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from typing import Callable, Sequence
@@ -84,6 +85,29 @@ def graph_times_us(candidates: dict[str, Sequence[Callable[[], object]]],
             times[name].append(_replay_us(graph, calls))
     out.update({name: statistics.median(t) for name, t in times.items()})
     return {name: out[name] for name in candidates}
+
+
+def record_times(row: dict, times: dict[str, float | str], frac: Callable[[float], float],
+                 prefixes: dict[str, str] | None = None) -> None:
+    """Puts graph_times_us's results into a benchmark row: per candidate `<prefix>_us` and `<prefix>_frac` (the prefix its name unless
+    `prefixes` renames it), or `<prefix>_error` where the peer refused the case. Any other
+    candidate's failure raises: no row is worth writing."""
+    for name, t in times.items():
+        prefix = (prefixes or {}).get(name, name)
+        if not isinstance(t, str):
+            row.update({f"{prefix}_us": t, f"{prefix}_frac": frac(t)})
+        elif name == "peer":  # the peer rejects some layouts and dtypes
+            row[f"{prefix}_error"] = t
+        else:
+            where = " ".join(str(row[k]) for k in ("op", "layout", "shape") if k in row)
+            raise RuntimeError(f"{name} failed on {where}: {t}")
+
+
+def write_interleaved_run(path: str, rows: list[dict], **fields: object) -> None:
+    """A benchmark's JSON: `fields` (device, copy_gbps, peer_version, ...), the rows, and
+    "timing": INTERLEAVED (its cc1d and peer times came from graph_times_us)."""
+    with open(path, "w") as fh:
+        json.dump(dict(fields, timing=INTERLEAVED, rows=rows), fh, indent=1)
 
 
 def _eager_time_us(fn: Callable[[], object], reps: int = 20) -> float:

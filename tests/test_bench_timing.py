@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import sys
+import json
 from pathlib import Path
 
 import pytest
@@ -107,3 +107,18 @@ def test_a_candidate_that_fails_gets_its_error_and_the_others_are_timed(monkeypa
     assert times["cc1d"] == pytest.approx(2.0 * 1000.0)  # "ms" per call, reported in µs
     assert times["peer"] == "causal_conv1d: width 8 is not supported"
     assert set(dev.replays) == {"cc1d"}
+
+
+def test_record_times_fills_a_row_and_refuses_a_failed_cc1d(tmp_path):
+    row = dict(layout="cf", shape=[2, 64, 128])
+    timing.record_times(row, {"cc1d": 10.0, "peer": "width 8 is not supported"}, lambda us: 1.0 / us,
+                        {"cc1d": "bwd", "peer": "peer_seq"})
+    assert row == dict(layout="cf", shape=[2, 64, 128], bwd_us=10.0, bwd_frac=0.1,
+                       peer_seq_error="width 8 is not supported")
+    timing.record_times(row, {"cc1d": 4.0, "torch": 8.0, "peer": 5.0}, lambda us: 2.0 / us)
+    assert (row["cc1d_frac"], row["torch_us"], row["peer_frac"]) == (0.5, 8.0, 0.4)
+    with pytest.raises(RuntimeError, match=r"torch failed on cf \[2, 64, 128\]: out of memory"):
+        timing.record_times(row, {"cc1d": 4.0, "torch": "out of memory"}, lambda us: 1.0)
+    path = tmp_path / "run.json"
+    timing.write_interleaved_run(str(path), [row], device="GPU A", copy_gbps=3000.0)
+    assert json.loads(path.read_text()) == dict(device="GPU A", copy_gbps=3000.0, timing="interleaved", rows=[row])
