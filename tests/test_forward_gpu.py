@@ -83,6 +83,25 @@ def test_covering_variants_match_reference(rt, variant):
         _check_variant(rt, variant, case, seed=rng.randrange(1 << 30))
 
 
+@pytest.mark.parametrize("variant", [v for v in all_covering("sm_90") if v.family.op == "fwd" and v.family.layout == "cf"],
+                         ids=lambda v: v.key())
+def test_cf_tiles_cut_by_the_end_match_reference(rt, variant):
+    """Lengths of whole vectors that cut the last tile: its segments not wholly inside
+    move back to end at the sequence's end (into the tile before, where the cut tile
+    holds less than a segment) and run the fast path; a length under a segment takes
+    the edge path."""
+    f, g = variant.family, variant.geometry()
+    ve = g["align_bytes"] // f.x_bytes
+    tpr = variant.params["threads"] // variant.params["rows"]
+    seg_l = min(tpr, 32) * g["tile_l"] // tpr
+    rng = random.Random(variant.key() + " cut")
+    for seqlen in (g["tile_l"] + seg_l + 3 * ve, seg_l + ve, max(ve, seg_l - ve)):
+        feats = rng.choice([f for f in FEATURES if not f["seq_idx"]])
+        case = Case(layout="cf", x_dtype=f.x_dtype, w_dtype=f.w_dtype, width=f.width, batch=2,
+                    dim=2 * g["tile_d"], seqlen=seqlen, align=ve, **feats)
+        _check_variant(rt, variant, case, seed=rng.randrange(1 << 30))
+
+
 @pytest.mark.parametrize("layout", ["cf", "cl"])
 @pytest.mark.parametrize("dtypes", [("f32", "f32"), ("f16", "f16"), ("f16", "f32"),
                                     ("bf16", "bf16"), ("bf16", "f32")], ids="x".join)
