@@ -144,6 +144,31 @@ def test_batch_times_seqlen_is_one_axis(rt, tmp_path):
     assert (e["key"], e["distance"]) == (V16[0].key(), 0.0)
 
 
+def segment_positions(v) -> int:
+    """Positions one segment of a channel-first forward variant covers (32-lane warps)."""
+    g = v.geometry()
+    per_row = g["threads"] // g["tile_d"]
+    return g["tile_l"] * min(per_row, 32) // per_row
+
+
+def test_nearest_prefers_a_kernel_whose_segment_fits_the_sequence(rt, tmp_path):
+    """A channel-first forward kernel's fast path takes whole segments: an entry whose
+    segment is longer than the call's sequence ranks behind every one whose segment fits,
+    however near (its kernel would run every row on the edge path)."""
+    long_seg = next(v for v in V16 if segment_positions(v) == 2048)
+    short_seg = next(v for v in V16 if segment_positions(v) == 512)
+    path = make_db(tmp_path / "t.db", [(long_seg, 8, 4096, 2048), (short_seg, 1, 4096, 512)])
+    rt.set_tuning_dbs([path])
+    for l, want in [(2000, short_seg), (1000, short_seg), (512, short_seg), (2048, long_seg), (3000, long_seg)]:
+        e = explain(rt, 8, 4096, l)
+        assert e["key"] == want.key(), (l, e)
+        assert "longer than this call's sequence" not in e["detail"]
+    # none fits: the nearest serves, and the detail says why it is slow
+    e = explain(rt, 8, 4096, 256)
+    assert (e["reason"], e["key"]) == ("nearest", short_seg.key())
+    assert "segments (512 positions) are longer than this call's sequence" in e["detail"], e
+
+
 def test_detail_flags_a_nearest_shape_more_than_twice_away(rt, tmp_path):
     path = make_db(tmp_path / "t.db", [(V16[0], 1, 512, 2048)])
     rt.set_tuning_dbs([path])

@@ -446,13 +446,30 @@ def timing_method_of(row: dict) -> int | None:
     return env.get("timing_method") if isinstance(env, dict) else None
 
 
-def dispatch_rank(shape: Shape, row: dict) -> tuple[int, float]:
+def dispatch_rank(shape: Shape, row: dict, arch: str = "") -> tuple[int, bool, float]:
     """How the dispatcher ranks a winners-table row of the shape's family for the shape's
-    calls (docs/DISPATCH.md), lowest first: differing features, then the distance."""
+    calls (docs/DISPATCH.md), lowest first: differing features, then whether the row's
+    kernel is a channel-first forward whose segment is longer than the shape's sequence
+    (segment_misfits), then the distance."""
     theirs = set(filter(None, row["features"].split(",")))
     dist = abs(math.log(shape.batch * shape.seqlen) - math.log(row["batch"] * row["seqlen"])) + \
         abs(math.log(shape.dim) - math.log(row["dim"]))
-    return len(set(shape.features()) ^ theirs), dist
+    return len(set(shape.features()) ^ theirs), segment_misfits(shape, row, arch), dist
+
+
+def cf_fwd_segment_positions(row: dict, arch: str) -> int:
+    """Positions one segment of a channel-first forward kernel covers (runtime/src/dispatch.cpp
+    cf_fwd_segment_positions): its row's threads in segments of one warp, or the row where
+    it is shorter (64-lane wavefronts on gfx9)."""
+    per_row = max(row["threads"] // max(row["tile_d"], 1), 1)
+    warp = 64 if arch.startswith("gfx9") else 32
+    return row["tile_l"] * min(per_row, warp) // per_row
+
+
+def segment_misfits(shape: Shape, row: dict, arch: str) -> bool:
+    """Whether the row's kernel runs all of the shape's rows on its edge path: a channel-first
+    forward whose segment is longer than the sequence (its fast path takes whole segments)."""
+    return shape.op == "fwd" and shape.layout == "cf" and shape.seqlen < cf_fwd_segment_positions(row, arch)
 
 
 def served_winner(db: TuningDB, arch: str, shape: Shape) -> dict | None:
@@ -463,7 +480,7 @@ def served_winner(db: TuningDB, arch: str, shape: Shape) -> dict | None:
     if exact is not None:
         return exact
     rows = [r for r in db.winners(arch) if r["family_key"] == shape.family().key()]
-    return min(rows, key=lambda r: dispatch_rank(shape, r)) if rows else None
+    return min(rows, key=lambda r: dispatch_rank(shape, r, arch)) if rows else None
 
 
 def with_added_params(family: Family, config: dict) -> dict:
@@ -518,7 +535,7 @@ def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB], family: int 
     if family > 0:
         rows = [r for db in dbs for r in db.winners(arch) if r["family_key"] == shape.family().key()]
         extra = 0
-        for row in sorted(rows, key=lambda r: dispatch_rank(shape, r)):
+        for row in sorted(rows, key=lambda r: dispatch_rank(shape, r, arch)):
             cfg = _usable_config(shape, arch, row)
             if cfg is not None and cfg not in out:
                 out.append(cfg)

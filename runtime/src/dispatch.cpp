@@ -122,6 +122,25 @@ double shape_distance(int64_t b, int64_t d, int64_t l, const TunedEntry& e) {
          std::fabs(std::log(double(d)) - std::log(double(e.dim)));
 }
 
+// A channel-first forward kernel's fast path takes whole segments: a row's threads
+// (threads / tile_d) split into segments of one warp (the row where it is shorter),
+// each over a fixed run of positions. A call whose sequence is shorter than one runs
+// every row on the edge path, 2-2.5x slower a position (session 59, H200: (2, 4096,
+// 1000) on the (1, 4096, 2048) winner, 1024-position segments, took 22.6 us, the peer
+// 9.9). Such an entry ranks behind every entry whose segment fits the call.
+constexpr double kMisfitRank = 500.0;  // above any shape distance, below a feature mismatch
+
+int64_t cf_fwd_segment_positions(const KernelVariant& v, const std::string& arch) {
+  const int rows = v.tile_d > 0 ? v.tile_d : 1;
+  const int per_row = v.threads / rows > 0 ? v.threads / rows : 1;
+  const int warp = arch.rfind("gfx9", 0) == 0 ? 64 : 32;  // CDNA wavefronts are 64 lanes
+  return int64_t(v.tile_l) * std::min(per_row, warp) / per_row;
+}
+
+bool segment_misfits(const Call& p, const std::string& arch, const KernelVariant& v) {
+  return p.op == Op::fwd && p.layout == Layout::channel_first && p.seqlen < cf_fwd_segment_positions(v, arch);
+}
+
 // A nearest shape further than this (its work and dim ratios to the call's multiply to
 // more than 2) may have been tuned for a grid that fits the call poorly: session 42
 // measured its kernels 1.1-3x slower at a quarter of the tuned sequence length than
@@ -235,7 +254,8 @@ std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, 
     for (const TunedEntry& e : set->entries) {
       if (e.family != family || align % e.variant->align_bytes != 0 || broken(*set, e)) continue;
       const double dist = shape_distance(p.batch, p.dim, p.seqlen, e);
-      const double rank = dist + kFeatureMismatchRank * __builtin_popcount(e.features ^ features);
+      const double rank = dist + kFeatureMismatchRank * __builtin_popcount(e.features ^ features) +
+                          (segment_misfits(p, arch, *e.variant) ? kMisfitRank : 0.0);
       if (!best || rank < best_rank) {
         best = &e;
         best_set = set.get();
@@ -253,6 +273,10 @@ std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, 
     if (best->features != features)
       d->detail += " (tuned with features [" + features_string(best->features) + "]; none tuned with [" +
                    features_string(features) + "])";
+    if (segment_misfits(p, arch, *best->variant))
+      d->detail += "; its kernel's segments (" + std::to_string(cf_fwd_segment_positions(*best->variant, arch)) +
+                   " positions) are longer than this call's sequence, so every row takes the edge path, and "
+                   "no tuned entry's fit: cc1d-tune this shape";
     if (best_distance > kFarDistance) {
       char dist[32];
       std::snprintf(dist, sizeof dist, "%.2f", best_distance);
