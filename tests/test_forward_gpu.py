@@ -96,7 +96,7 @@ def test_cf_tiles_cut_by_the_end_match_reference(rt, variant):
     seg_l = min(tpr, 32) * g["tile_l"] // tpr
     rng = random.Random(variant.key() + " cut")
     for seqlen in (g["tile_l"] + seg_l + 3 * ve, seg_l + ve, max(ve, seg_l - ve)):
-        feats = rng.choice([f for f in FEATURES if not f["seq_idx"]])
+        feats = rng.choice([feat for feat in FEATURES if not feat["seq_idx"]])
         case = Case(layout="cf", x_dtype=f.x_dtype, w_dtype=f.w_dtype, width=f.width, batch=2,
                     dim=2 * g["tile_d"], seqlen=seqlen, align=ve, **feats)
         _check_variant(rt, variant, case, seed=rng.randrange(1 << 30))

@@ -125,7 +125,7 @@ double shape_distance(int64_t b, int64_t d, int64_t l, const TunedEntry& e) {
 // A channel-first forward kernel's fast path takes whole segments: a row's threads
 // (threads / tile_d) split into segments of one warp (the row where it is shorter),
 // each over a fixed run of positions. A call whose sequence is shorter than one runs
-// every row on the edge path, 2-2.5x slower a position (session 59, H200: (2, 4096,
+// every row on the edge path, up to 2.5x slower a position (session 59, H200: (2, 4096,
 // 1000) on the (1, 4096, 2048) winner, 1024-position segments, took 22.6 us, the peer
 // 9.9). Such an entry ranks behind every entry whose segment fits the call.
 constexpr double kMisfitRank = 500.0;  // above any shape distance, below a feature mismatch
@@ -276,7 +276,7 @@ std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, 
     if (segment_misfits(p, arch, *best->variant))
       d->detail += "; its kernel's segments (" + std::to_string(cf_fwd_segment_positions(*best->variant, arch)) +
                    " positions) are longer than this call's sequence, so every row takes the edge path, and "
-                   "no tuned entry's fit: cc1d-tune this shape";
+                   "no tuned entry's segment fits: cc1d-tune this shape";
     if (best_distance > kFarDistance) {
       char dist[32];
       std::snprintf(dist, sizeof dist, "%.2f", best_distance);
