@@ -99,3 +99,28 @@ def test_halved_silu_gradient_algebra():
 
 def test_forward_sources_have_no_backward_sigmoid():
     assert "tanh.approx" not in render(default_variant(Family("fwd", "cf", "bf16", "bf16", 4)))
+
+
+@pytest.mark.parametrize("op", ["fwd", "vfwd"])
+def test_cut_tile_segments_move_within_their_tile_only_where_varlen_mends_in_the_kernel(op):
+    """The channel-first forward's cut tile moves a segment back to end at the sequence's end,
+    rewriting outputs before it. Varlen kernels that mend their sequences' first outputs in the
+    same launch (mend = tile) must keep it inside their own tile: another block may already
+    have mended the outputs before it."""
+    fam = Family(op, "cf", "bf16", "bf16", 4)
+    for v in variants(fam):
+        want = "true" if v.params.get("mend") == "tile" else "false"
+        assert f"constexpr bool CF_CUT_IN_TILE = {want};" in render(v), v.key()
+
+
+def test_dispatchers_segment_length_is_the_kernels():
+    """The dispatcher's segment length of a channel-first forward winner (runtime/src/dispatch.cpp,
+    tuner/search.py cf_fwd_segment_positions, from the stored geometry) is the kernel's SEG_L:
+    a row's threads in segments of one warp (32 lanes on sm_90), VE * NV positions a lane."""
+    from cc1d.tuner.search import cf_fwd_segment_positions
+    for fam in [f for f in families() if f.op == "fwd" and f.layout == "cf"]:
+        for v in variants(fam):
+            g, ctx = v.geometry(), template_context(v)
+            per_row = v.params["threads"] // v.params["rows"]
+            seg_l = min(per_row, 32) * ctx["vec_elems"] * v.params["nvec"]
+            assert cf_fwd_segment_positions(g, "sm_90") == seg_l, v.key()
