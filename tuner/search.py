@@ -446,7 +446,7 @@ def timing_method_of(row: dict) -> int | None:
     return env.get("timing_method") if isinstance(env, dict) else None
 
 
-def dispatch_rank(shape: Shape, row: dict, arch: str = "") -> tuple[int, bool, float]:
+def dispatch_rank(shape: Shape, row: dict, arch: str) -> tuple[int, bool, float]:
     """How the dispatcher ranks a winners-table row of the shape's family for the shape's
     calls (docs/DISPATCH.md), lowest first: differing features, then whether the row's
     kernel is a channel-first forward whose segment is longer than the shape's sequence
