@@ -40,6 +40,16 @@ def approx_sigmoid(family) -> bool:
     return family.op == "bwd" and family.layout == "cf" and family.x_dtype == family.w_dtype == "bf16"
 
 
+def realign_max_regs(max_regs: int) -> int:
+    """The register cap of a channel-first forward's realigned build (fwd_cf_tiles.cuh.j2,
+    CC1D_FWD_REALIGN): 8 more where the tuned cap is 64 or less. Its partial vectors keep
+    a few more values live across the tiles: at the shipped winners' 64-register caps the
+    tile loop spilled up to 56 bytes. Session 60, H200, the (1, 4096, 2048) winner's twin
+    at (2, 4096, 2047): 25.3 us at 64 registers, 24.9 at 72 (16 bytes spilled), 25.8 at
+    80 (none: fewer blocks fit)."""
+    return max_regs + 8 if max_regs <= 64 else max_regs
+
+
 def template_context(variant: "Variant") -> dict:
     fam = variant.family
     params = variant.params
@@ -51,6 +61,9 @@ def template_context(variant: "Variant") -> dict:
     )
     if "max_regs" in params:
         ctx.update(occupancy_bounds(int(params["threads"]), int(params["max_regs"])))
+        if (fam.op, fam.layout) == ("fwd", "cf"):
+            ctx["realign_min_blocks"] = occupancy_bounds(int(params["threads"]),
+                                                         realign_max_regs(int(params["max_regs"])))["min_blocks"]
     if "vec_bytes" in params:
         ctx["vec_elems"] = int(params["vec_bytes"]) // fam.x_bytes
     if (fam.op, fam.layout) == ("bwd", "cf"):

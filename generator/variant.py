@@ -54,6 +54,23 @@ class Variant:
         """The KernelVariant fields the C++ runtime takes."""
         return dict(key=self.key(), hash=self.hash(), source=self.source, **self.geometry())
 
+    def rows_off_vectors(self, seqlen: int) -> bool:
+        """Whether a contiguous channel-first forward of this seqlen has rows that start
+        off this variant's vectors, which the runtime serves through its realigned twin."""
+        return ((self.family.op, self.family.layout) == ("fwd", "cf") and
+                seqlen * self.family.x_bytes % self.geometry()["align_bytes"] != 0)
+
+
+REALIGN_DEFINE = "#define CC1D_FWD_REALIGN 1\n"  # the runtime's kRealignDefine (dispatch.h)
+
+
+def realigned(kernel: dict) -> dict:
+    """The realigned twin of a channel-first forward variant's runtime dict, as the runtime
+    makes it (dispatch.h realigned_twin): the source led by REALIGN_DEFINE, key + ".realign"."""
+    source = REALIGN_DEFINE + kernel["source"]
+    return dict(kernel, key=kernel["key"] + ".realign", source=source,
+                hash=hashlib.sha256(source.encode()).hexdigest())
+
 
 def variants(family: Family, arch: Arch | str = "sm_90") -> Iterator[Variant]:
     """Every valid variant of a family for an arch, in a stable order."""

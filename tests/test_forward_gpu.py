@@ -17,8 +17,8 @@ from cc1d.generator import Family, Variant, families, fallback_chain, variants  
 
 from conftest import precompile  # noqa: E402
 from cc1d.generator.covering import all_covering  # noqa: E402
-from fwd_cases import (Case, assert_close, launch_variant, make_inputs, poisoned,  # noqa: E402
-                       reference)
+from fwd_cases import (DTYPE_CODES, Case, assert_close, launch_variant, make_inputs,  # noqa: E402
+                       poisoned, reference)
 
 pytestmark = pytest.mark.gpu
 
@@ -100,6 +100,79 @@ def test_cf_tiles_cut_by_the_end_match_reference(rt, variant):
         case = Case(layout="cf", x_dtype=f.x_dtype, w_dtype=f.w_dtype, width=f.width, batch=2,
                     dim=2 * g["tile_d"], seqlen=seqlen, align=ve, **feats)
         _check_variant(rt, variant, case, seed=rng.randrange(1 << 30))
+
+
+def _rows_from(t: torch.Tensor, offset: int) -> torch.Tensor:
+    """t's values (contiguous (batch, dim, seqlen)) in a fresh NaN-filled buffer, `offset`
+    elements in."""
+    buf = torch.full((t.numel() + offset + 8,), float("nan"), dtype=t.dtype, device="cuda")
+    view = buf[offset:offset + t.numel()].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+def _launch_twin(rt, variant, case, inp, offset, as_plan):
+    """The realigned twin of `variant` on x and a poisoned out whose rows start `offset`
+    elements into their buffers (alike); returns (out, final_states)."""
+    import hashlib
+    x = _rows_from(inp["x"].contiguous(), offset)
+    out = _rows_from(torch.full_like(x, float("nan")), offset)
+    fs = poisoned((case.batch, case.dim, case.width - 1), x.dtype) if case.final else None
+    source = "#define CC1D_FWD_REALIGN 1\n" + variant.source
+    twin = dict(variant.as_runtime_dict(), key=variant.key() + ".realign", source=source,
+                hash=hashlib.sha256(source.encode()).hexdigest())
+    w, b, s, i = inp["weight"], inp["bias"], inp["seq_idx"], inp["initial_states"]
+    ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+    st = lambda t, n: (0,) * n if t is None else tuple(t.stride())  # noqa: E731
+    strides = (*x.stride(), *w.stride(), 0 if b is None else b.stride(0), *out.stride(),
+               *st(s, 2), *st(i, 3), *st(fs, 3))
+    rt.launch_fwd(twin, (x.data_ptr(), w.data_ptr(), ptr(b), ptr(s), ptr(i), out.data_ptr(), ptr(fs)),
+                  (case.batch, case.dim, case.seqlen, case.width), strides, DTYPE_CODES[case.x_dtype],
+                  DTYPE_CODES[case.w_dtype], case.silu, torch.cuda.current_stream().cuda_stream, as_plan=as_plan)
+    torch.cuda.synchronize()
+    return out, fs
+
+
+@pytest.mark.parametrize("variant", [v for v in all_covering("sm_90") if v.family.op == "fwd" and v.family.layout == "cf"
+                                     and v.geometry()["align_bytes"] > v.family.x_bytes], ids=lambda v: v.key())
+def test_realigned_twins_match_reference(rt, variant):
+    """Rows that start anywhere against the twin's vectors (lengths that are no whole
+    number of vectors, and a first row offset into its buffer): cut tiles at both ends of
+    every row, a length under a segment (edge path), seq_idx (edge path; the plan's fixed
+    kernel takes whole tiles with sequence ids), the initial and final states. The generic
+    kernel and a plan's fixed one."""
+    f, g = variant.family, variant.geometry()
+    ve = g["align_bytes"] // f.x_bytes
+    tpr = variant.params["threads"] // variant.params["rows"]
+    seg_l = min(tpr, 32) * g["tile_l"] // tpr
+    rng = random.Random(variant.key() + " realigned")
+    lengths = (2 * g["tile_l"] + 3 * ve + 1, g["tile_l"] + seg_l - 1, seg_l + 1, max(1, seg_l - ve - 1),
+               rng.randrange(seg_l, 4 * g["tile_l"]) | 1)
+    for n, seqlen in enumerate(lengths):
+        feats = rng.choice(FEATURES)
+        case = Case(layout="cf", x_dtype=f.x_dtype, w_dtype=f.w_dtype, width=f.width, batch=rng.randint(1, 3),
+                    dim=rng.choice((g["tile_d"], 2 * g["tile_d"] + 1)), seqlen=seqlen, **feats)
+        inp = make_inputs(case, rng.randrange(1 << 30))
+        ref_out, ref_fs = reference(case, inp)
+        offset = rng.randrange(ve)
+        for as_plan in (False, True):
+            out, fs = _launch_twin(rt, variant, case, inp, offset, as_plan)
+            name = f"{variant.key()}.realign {case.id()} offset {offset} {'plan' if as_plan else 'generic'}"
+            assert_close(name + " out", out, ref_out, case.x_dtype)
+            if case.final:
+                assert_close(name + " final_states", fs, ref_fs, case.x_dtype)
+
+
+def test_odd_lengths_run_a_realigned_twin_through_the_api():
+    """The dispatcher serves an odd channel-first length with a twin (rows alike: x and
+    the output it allocates are both contiguous) and the result matches."""
+    for seqlen, dim in ((2047, 256), (1001, 96), (4097, 5)):
+        x = torch.randn(2, dim, seqlen, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(dim, 4, device="cuda", dtype=torch.bfloat16) / 2
+        e = cc1d.explain(x, w, activation="silu")
+        assert e["key"].endswith(".realign") and e["alignment"] == 2, e
+        case = Case(x_dtype="bf16", w_dtype="bf16", dim=dim, seqlen=seqlen, bias=False)
+        _check_api(case, seed=seqlen)
 
 
 @pytest.mark.parametrize("layout", ["cf", "cl"])

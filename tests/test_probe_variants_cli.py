@@ -76,3 +76,27 @@ def test_key_at_a_folder_renders_from_that_folder_and_leaves_the_generators_own(
     _, plain = probe_variants.kernel_dict(KEY)
     assert "marker from the candidate's folder" not in plain["source"]
     assert plain["source"] != kernel["source"]
+
+
+def test_a_realign_key_is_the_variants_twin_as_the_runtime_makes_it(tmp_path):
+    """KEY.realign (and KEY.realign@DIR) is the forward variant's realigned twin: its source
+    led by the define the runtime prepends (dispatch.h kRealignDefine), its hash of that."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import probe_variants
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    fwd = "fwd.cf.bf16wbf16.w4.t64.v16.n4.r1.hshfl.g64"
+    _, plain = probe_variants.kernel_dict(fwd)
+    name, twin = probe_variants.kernel_dict(fwd + ".realign")
+    assert name == twin["key"] == fwd + ".realign"
+    assert twin["source"] == "#define CC1D_FWD_REALIGN 1\n" + plain["source"]
+    assert twin["hash"] == hashlib.sha256(twin["source"].encode()).hexdigest()
+    assert {k: v for k, v in twin.items() if k not in ("key", "source", "hash")} == \
+        {k: v for k, v in plain.items() if k not in ("key", "source", "hash")}
+    copy = _template_copy(tmp_path)
+    path = copy / "fwd_cf_tiles.cuh.j2"
+    path.write_text("// marker\n" + path.read_text())
+    name, twin_at = probe_variants.kernel_dict(f"{fwd}.realign@{copy}")
+    assert name == f"{fwd}.realign@{copy}"
+    assert twin_at["source"].startswith("#define CC1D_FWD_REALIGN 1\n") and "// marker" in twin_at["source"]

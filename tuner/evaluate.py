@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from ..generator import Variant
+from ..generator.variant import realigned
 from .measure import CudaTimer, MeasureConfig, Timing, TimingError
 from .problems import problem_for
 from .shapes import Shape
@@ -39,13 +40,16 @@ class Evaluator(Protocol):
         None where time() is warm already (nothing different to measure)."""
 
 
-def compile_variant(rt: Any, variant: Variant, target: str, plan_options: list[str] | None = None) -> None:
-    """Compiles the variant's source, and with plan_options the kernel the problem's
-    launch runs too (into the compile cache, where that launch finds it)."""
+def compile_variant(rt: Any, variant: Variant, target: str, plan_options: list[str] | None = None,
+                    source: str | None = None) -> None:
+    """Compiles the variant's source (or `source`: its realigned twin's), and with
+    plan_options the kernel the problem's launch runs too (into the compile cache, where
+    that launch finds it)."""
+    source = variant.source if source is None else source
     try:
-        rt.compile(variant.source, target)
+        rt.compile(source, target)
         if plan_options is not None:
-            rt.compile(variant.source, target, plan_options)
+            rt.compile(source, target, plan_options)
     except RuntimeError as exc:
         raise CandidateError("compile_error", str(exc)) from None
 
@@ -65,9 +69,12 @@ class GpuEvaluator:
         self.plan_options = plan_options(rt, shape, *self.timer.sets[0]) if plan_options else None
 
     def _kernel(self, variant: Variant) -> dict:
-        # built once: the key/hash/source dict is what launch_fwd takes
+        # built once: the key/hash/source dict is what launch_fwd takes. Rows off the
+        # variant's vectors (an odd seqlen's) run its realigned twin, as the dispatcher
+        # serves the winner there; it is stored as the variant itself.
         if variant not in self._kernels:
-            self._kernels[variant] = variant.as_runtime_dict()
+            kernel = variant.as_runtime_dict()
+            self._kernels[variant] = realigned(kernel) if variant.rows_off_vectors(self.shape.seqlen) else kernel
         return self._kernels[variant]
 
     def _launcher(self, variant: Variant):
@@ -83,7 +90,7 @@ class GpuEvaluator:
         return launch
 
     def compile(self, variant: Variant) -> None:
-        compile_variant(self.rt, variant, self.target, self.plan_options)
+        compile_variant(self.rt, variant, self.target, self.plan_options, self._kernel(variant)["source"])
 
     def validate(self, variant: Variant) -> None:
         self._seed += 1  # fresh random data for every candidate

@@ -141,6 +141,56 @@ bool segment_misfits(const Call& p, const std::string& arch, const KernelVariant
   return p.op == Op::fwd && p.layout == Layout::channel_first && p.seqlen < cf_fwd_segment_positions(v, arch);
 }
 
+// ---- realigned twins (dispatch.h) --------------------------------------------
+
+// Whether the call can run v: its alignment class meets v's, or v's realigned twin
+// serves it (a channel-first forward whose x and out rows lie alike against v's vectors;
+// the twin's existence is checked where it is made).
+bool call_runs(const Call& p, const KernelVariant& v) {
+  return p.align % v.align_bytes == 0 ||
+         (p.op == Op::fwd && p.layout == Layout::channel_first && p.row_align % v.align_bytes == 0 &&
+          p.row_align > 0);
+}
+
+class Twins {
+ public:
+  std::shared_ptr<const KernelVariant> of(const std::shared_ptr<const KernelVariant>& v) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = twins_.find(v->hash);
+    if (it != twins_.end()) return it->second;
+    std::shared_ptr<const KernelVariant> twin;
+    // The plain forward's source from templates that know the build (varlen's include
+    // them too, but keep their own tiling).
+    if (v->key.rfind("fwd.cf.", 0) == 0 && v->source.find("CC1D_FWD_REALIGN") != std::string::npos &&
+        !is_realigned(*v)) {
+      auto t = std::make_shared<KernelVariant>(*v);
+      t->key += ".realign";
+      t->source = kRealignDefine + v->source;
+      t->hash = sha256_hex(t->source);
+      twin = std::move(t);
+    }
+    // Bounded like the memo: DBs hold a few hundred winners.
+    if (twins_.size() >= 4096) twins_.clear();
+    twins_.emplace(v->hash, twin);
+    return twin;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<const KernelVariant>> twins_;  // null: none
+};
+
+Twins& twins() {
+  static Twins t;
+  return t;
+}
+
+// The variant that serves the call for the entry `v` it picked (call_runs): v, or its
+// realigned twin where only the rows' alignment meets v's; null where v has no twin.
+std::shared_ptr<const KernelVariant> serving(const Call& p, const std::shared_ptr<const KernelVariant>& v) {
+  return p.align % v->align_bytes == 0 ? v : realigned_twin(v);
+}
+
 // A nearest shape further than this (its work and dim ratios to the call's multiply to
 // more than 2) may have been tuned for a grid that fits the call poorly: session 42
 // measured its kernels 1.1-3x slower at a quarter of the tuned sequence length than
@@ -157,11 +207,11 @@ std::atomic<uint64_t> g_loads{0};      // kernels loaded into a context (compile
 struct Key {
   int64_t batch, dim, seqlen;
   int32_t arch;
-  uint8_t op, layout, x_dtype, w_dtype, width, features, align_log2;
+  uint8_t op, layout, x_dtype, w_dtype, width, features, align_log2, row_align_log2;
   bool operator==(const Key& o) const {
     return batch == o.batch && dim == o.dim && seqlen == o.seqlen && arch == o.arch && op == o.op &&
            layout == o.layout && x_dtype == o.x_dtype && w_dtype == o.w_dtype && width == o.width &&
-           features == o.features && align_log2 == o.align_log2;
+           features == o.features && align_log2 == o.align_log2 && row_align_log2 == o.row_align_log2;
   }
 };
 
@@ -176,6 +226,7 @@ struct KeyHash {
     mix(uint64_t(k.seqlen));
     mix(uint64_t(k.arch) << 48 | uint64_t(k.op) << 44 | uint64_t(k.layout) << 40 | uint64_t(k.x_dtype) << 32 |
         uint64_t(k.w_dtype) << 24 | uint64_t(k.width) << 16 | uint64_t(k.features) << 8 | k.align_log2);
+    mix(k.row_align_log2);
     return std::size_t(h);
   }
 };
@@ -188,7 +239,7 @@ struct Chain {
   std::shared_ptr<const std::set<std::string>> broken;
 };
 
-std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, const Chain& chain) {
+std::shared_ptr<Decision> pick(const Call& p, const std::string& arch, const Chain& chain) {
   char family[kFamilyBufSize];
   family_of(p, family);
   const unsigned features = p.features;
@@ -230,12 +281,13 @@ std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, 
       if (e.family != family || e.features != features || e.batch != p.batch || e.dim != p.dim ||
           e.seqlen != p.seqlen || broken(*set, e))
         continue;
-      if (align % e.variant->align_bytes != 0) {
+      const std::shared_ptr<const KernelVariant> v = call_runs(p, *e.variant) ? serving(p, e.variant) : nullptr;
+      if (!v) {
         skipped += "; the exact winner in " + set->path + " (" + e.variant->key + ") needs " +
                   std::to_string(e.variant->align_bytes) + "-byte alignment, the call gives " + std::to_string(align);
         continue;
       }
-      d->variant = e.variant;
+      d->variant = v;
       d->reason = "exact";
       d->source = set->path;
       d->matched_shape = e.shape_key;
@@ -252,7 +304,7 @@ std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, 
   double best_rank = 0, best_distance = 0;
   for (const auto& set : sets)
     for (const TunedEntry& e : set->entries) {
-      if (e.family != family || align % e.variant->align_bytes != 0 || broken(*set, e)) continue;
+      if (e.family != family || !call_runs(p, *e.variant) || broken(*set, e) || !serving(p, e.variant)) continue;
       const double dist = shape_distance(p.batch, p.dim, p.seqlen, e);
       const double rank = dist + kFeatureMismatchRank * __builtin_popcount(e.features ^ features) +
                           (segment_misfits(p, arch, *e.variant) ? kMisfitRank : 0.0);
@@ -264,7 +316,7 @@ std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, 
       }
     }
   if (best) {
-    d->variant = best->variant;
+    d->variant = serving(p, best->variant);
     d->reason = "nearest";
     d->source = best_set->path;
     d->matched_shape = best->shape_key;
@@ -288,6 +340,13 @@ std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, 
     return d;
   }
   d->variant = std::shared_ptr<const KernelVariant>(std::shared_ptr<void>(), &catalog_choice(family, align, op_tensors(p.op)));
+  if (p.row_align > align) {  // the catalog's first choice for aligned rows, through its twin
+    auto v = std::shared_ptr<const KernelVariant>(std::shared_ptr<void>(),
+                                                  &catalog_choice(family, p.row_align, op_tensors(p.op)));
+    if (call_runs(p, *v)) {
+      if (auto twin = serving(p, v)) d->variant = twin;
+    }
+  }
   d->reason = "default";
   d->source = "catalog";
   if (arch.empty())
@@ -303,12 +362,21 @@ std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, 
   return d;
 }
 
+std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, const Chain& chain) {
+  std::shared_ptr<Decision> d = pick(p, arch, chain);
+  if (is_realigned(*d->variant))
+    d->detail += "; realigned build: x's and out's rows start off its " + std::to_string(d->variant->align_bytes) +
+                 "-byte vectors (alike), the call's alignment is " + std::to_string(p.align) + " bytes";
+  return d;
+}
+
 class Dispatcher {
  public:
   std::shared_ptr<const Decision> decide(const Call& c, int arch_id) {
     const Key key{c.batch,           c.dim,           c.seqlen,           int32_t(arch_id),
                   uint8_t(c.op),     uint8_t(c.layout), uint8_t(c.x_dtype), uint8_t(c.w_dtype),
-                  uint8_t(c.width),  uint8_t(c.features), uint8_t(log2_of(c.align))};
+                  uint8_t(c.width),  uint8_t(c.features), uint8_t(log2_of(c.align)),
+                  uint8_t(log2_of(c.row_align))};
     Chain chain;
     uint64_t generation;
     {
@@ -438,6 +506,12 @@ std::shared_ptr<const Decision> decide_ready(const Call& c, int arch_id, Ready&&
 }
 
 }  // namespace
+
+std::shared_ptr<const KernelVariant> realigned_twin(const std::shared_ptr<const KernelVariant>& v) {
+  return twins().of(v);
+}
+
+bool is_realigned(const KernelVariant& v) { return v.source.rfind(kRealignDefine, 0) == 0; }
 
 std::size_t family_of(const Call& c, char (&buf)[kFamilyBufSize]) {
   return family_key(op_name(c.op), c.layout, c.x_dtype, c.w_dtype, c.width, buf);
@@ -590,7 +664,8 @@ std::shared_ptr<const Decision> RememberedLaunch::get(const Call& c, const Locat
     r = last_;
   }
   if (!r.decision || r.generation != generation || r.backend != l.backend || r.device != l.device ||
-      r.features != c.features || r.align != c.align || r.scope != l.backend->module_scope(l.device)) {
+      r.features != c.features || r.align != c.align || r.row_align != c.row_align ||
+      r.scope != l.backend->module_scope(l.device)) {
     r.decision = decide_loaded(c, l, /*with_reduce=*/false, &r.functions);
     // After loading: a first load makes the device's primary context current.
     r.scope = l.backend->module_scope(l.device);
@@ -599,6 +674,7 @@ std::shared_ptr<const Decision> RememberedLaunch::get(const Call& c, const Locat
     r.device = l.device;
     r.features = c.features;
     r.align = c.align;
+    r.row_align = c.row_align;
     std::lock_guard<std::mutex> lock(mu_);
     last_ = r;
   }

@@ -27,6 +27,9 @@ struct Call {
   int64_t batch = 0, dim = 0, seqlen = 0;
   unsigned features = 0;  // Feature bits (tuning_db.h)
   int align = 0;          // the call's alignment class in bytes (a power of two <= 256)
+  // Channel-first forward: how alike x's and out's rows lie (fwd_row_alignment), which
+  // a realigned twin needs in place of `align`; other calls: 0 (unused).
+  int row_align = 0;
 };
 
 // A forward call's Call (forward.cpp): its features from which pointers are set, its alignment class.
@@ -34,6 +37,16 @@ Call fwd_call(const FwdArgs& a, Layout layout);
 
 // "fwd.cl.bf16wf32.w4" / "bwd.cf.f16wf16.w3" / "vfwd.cf.bf16wbf16.w4" for the call; returns its length.
 std::size_t family_of(const Call& c, char (&buf)[kFamilyBufSize]);
+
+// The realigned twin of a channel-first forward variant (fwd_cf_tiles.cuh.j2,
+// CC1D_FWD_REALIGN): its source led by kRealignDefine, key + ".realign". It serves rows
+// that start anywhere against its vectors (an odd seqlen's) where x's and out's rows lie
+// alike: its align_bytes is then what Call::row_align must meet. The dispatcher picks a
+// winner through its twin where only the row alignment meets it. Null for a variant
+// with no realigned build (another op or layout, or a DB source rendered before it).
+constexpr const char* kRealignDefine = "#define CC1D_FWD_REALIGN 1\n";
+std::shared_ptr<const KernelVariant> realigned_twin(const std::shared_ptr<const KernelVariant>& v);
+bool is_realigned(const KernelVariant& v);
 
 struct Decision {
   std::shared_ptr<const KernelVariant> variant;
@@ -97,7 +110,7 @@ class RememberedLaunch {
     int device = -1;
     const void* scope = nullptr;
     unsigned features = 0;
-    int align = 0;
+    int align = 0, row_align = 0;
   };
   std::mutex mu_;
   Launch last_;  // guarded by mu_

@@ -193,6 +193,16 @@ int fwd_alignment(const FwdArgs& a, Layout layout) {
   return low_bit_cap(bits, 256);
 }
 
+int fwd_row_alignment(const FwdArgs& a, Layout layout) {
+  if (layout != Layout::channel_first) return fwd_alignment(a, layout);
+  const FwdParams& p = a.p;
+  const uint64_t es = uint64_t(dtype_size(a.x_dtype));
+  const uint64_t bits = (uint64_t(reinterpret_cast<uintptr_t>(p.x)) - uint64_t(reinterpret_cast<uintptr_t>(p.out))) |
+                        uint64_t(p.x_batch_stride - p.out_batch_stride) * es |
+                        uint64_t(p.x_dim_stride - p.out_dim_stride) * es;
+  return low_bit_cap(bits, 256);
+}
+
 // ---- backward -------------------------------------------------------------
 
 Layout validate_bwd(const BwdArgs& a, bool launching) {

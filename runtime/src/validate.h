@@ -23,6 +23,11 @@ std::size_t fwd_family(const FwdArgs& a, Layout layout, char (&buf)[kFamilyBufSi
 // Largest power of two (capped at 256) dividing the x and out base addresses
 // and their batch and outer strides in bytes: the alignment a variant may assume.
 int fwd_alignment(const FwdArgs& a, Layout layout);
+// Channel-first: the largest power of two (capped at 256) dividing the byte offsets
+// between each x row and its out row (base addresses, batch and channel strides): rows
+// that lie alike against a vector of that many bytes, which a realigned build serves
+// wherever they start (dispatch.h). Channel-last: fwd_alignment.
+int fwd_row_alignment(const FwdArgs& a, Layout layout);
 
 // The backward's checks (cc1d.h, causal_conv1d_bwd). `launching`: also check
 // p.partials (non-null, 16-byte aligned); its size needs the variant and is

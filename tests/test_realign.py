@@ -1,0 +1,178 @@
+"""Realigned twins (fwd_cf_tiles.cuh.j2 CC1D_FWD_REALIGN, runtime dispatch.h realigned_twin):
+a channel-first forward whose rows start off the vector boundary (an odd seqlen's), with
+x's and out's rows lying alike, runs a 16-byte winner through its twin instead of a
+2-byte kernel. The dispatcher's choice (no GPU), and every default and covering twin
+compiling for sm_90 (NVRTC) and gfx942 (hipRTC, marker amd). Their results on the GPU:
+test_forward_gpu.py test_realigned_twins_match_reference."""
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from cc1d.generator import default_variant, families
+from cc1d.generator.covering import all_covering
+from cc1d.generator.variant import REALIGN_DEFINE, realigned
+
+from compile_checks import PTXAS_VERBOSE, nvidia_resources
+from test_compile_amd import compile_for_amd
+from test_dispatch import CATALOG_16, CATALOG_2, V2, V16, call, explain, make_db, put  # noqa: F401
+
+DEFINE = REALIGN_DEFINE
+
+
+def twin_of(v) -> dict:
+    """The runtime dict of v's realigned twin, as the generator's realigned() makes it."""
+    return realigned(v.as_runtime_dict())
+
+
+def test_a_twin_is_its_source_led_by_the_define():
+    twin, plain = twin_of(V16[3]), V16[3].as_runtime_dict()
+    assert DEFINE == "#define CC1D_FWD_REALIGN 1\n"
+    assert twin["source"] == DEFINE + plain["source"] and twin["key"] == plain["key"] + ".realign"
+    assert twin["hash"] == hashlib.sha256(twin["source"].encode()).hexdigest()
+    assert {k: twin[k] for k in plain if k not in ("key", "source", "hash")} == \
+        {k: plain[k] for k in plain if k not in ("key", "source", "hash")}
+
+
+def test_rows_off_vectors_is_about_channel_first_forward_rows():
+    v16 = V16[3]  # bf16, 16-byte vectors: rows of 8k positions start on them
+    assert not v16.rows_off_vectors(4096) and v16.rows_off_vectors(4095) and v16.rows_off_vectors(4092)
+    assert not V2[5].rows_off_vectors(4095)  # 2-byte vectors: every bf16 row starts on one
+    cl = default_variant(next(f for f in families("fwd") if f.layout == "cl"), "sm_90")
+    assert not cl.rows_off_vectors(4095)
+
+
+def test_the_tuner_times_an_odd_lengths_candidate_as_its_twin():
+    """GpuEvaluator launches (and compiles) the twin where the shape's rows start off the
+    candidate's vectors, as the dispatcher will serve the stored winner there."""
+    from cc1d.tuner.evaluate import GpuEvaluator
+    from cc1d.tuner.shapes import Shape
+    ev = GpuEvaluator.__new__(GpuEvaluator)  # no GPU: only the kernel choice
+    ev._kernels = {}
+    for seqlen, twin in ((4095, True), (4096, False)):
+        ev.shape, ev._kernels = Shape("fwd", "cf", "bf16", "f32", 4, 2, 64, seqlen), {}
+        want = twin_of(V16[3]) if twin else V16[3].as_runtime_dict()
+        assert ev._kernel(V16[3]) == want
+
+
+@pytest.fixture
+def drt(rt):
+    """The runtime with no tuning DB but those a test sets, and a fresh memo."""
+    rt.set_tuning_dbs([])
+    rt.clear_dispatch_cache()
+    yield rt
+    rt.set_tuning_dbs([])
+    rt.clear_dispatch_cache()
+
+
+# ---- the dispatcher's choice ---------------------------------------------------
+
+def test_odd_length_runs_the_nearest_16_byte_winner_through_its_twin(drt, tmp_path):
+    # bf16 rows of 4095 positions: every row but the first starts off a 16-byte boundary
+    path = make_db(tmp_path / "t.db", [(V16[3], 2, 64, 4096), (V2[5], 16, 4096, 8192)])
+    drt.set_tuning_dbs([path])
+    e = explain(drt, 2, 64, 4095)
+    assert (e["reason"], e["alignment"]) == ("nearest", 2)
+    assert e["variant"] == twin_of(V16[3]), e["key"]
+    assert "realigned build: x's and out's rows start off its 16-byte vectors" in e["detail"]
+    assert drt.select_fwd(*call(2, 64, 4095), 0, "sm_999") == twin_of(V16[3])
+    # a length of whole vectors needs no twin
+    assert explain(drt, 2, 64, 4104)["variant"] == V16[3].as_runtime_dict()
+
+
+def test_exact_winner_serves_through_its_twin(drt, tmp_path):
+    path = make_db(tmp_path / "t.db", [(V16[3], 2, 64, 4095), (V16[4], 2, 64, 4000)])
+    drt.set_tuning_dbs([path])
+    e = explain(drt, 2, 64, 4095)
+    assert (e["reason"], e["key"]) == ("exact", V16[3].key() + ".realign")
+
+
+def test_rows_that_lie_unlike_get_no_twin(drt, tmp_path):
+    path = make_db(tmp_path / "t.db", [(V16[3], 2, 64, 4096), (V2[5], 16, 4096, 8192)])
+    drt.set_tuning_dbs([path])
+    # x 2 bytes past out against 16 bytes: a twin's vectors would not meet out's rows
+    e = explain(drt, 2, 64, 4095, x_ptr=258)
+    assert (e["reason"], e["key"]) == ("nearest", V2[5].key())
+    assert "realigned" not in e["detail"]
+
+
+def test_a_source_without_the_realigned_build_gets_no_twin(drt, tmp_path):
+    """A DB source rendered before the build existed would ignore the define and load
+    misaligned vectors: never twinned."""
+    from cc1d.tuner.db import TuningDB
+
+    class Stale:  # V16[3] with the build's name gone from its source
+        source = V16[3].source.replace("CC1D_FWD_REALIGN", "CC1D_FWD_OTHER")
+        params = V16[3].params
+
+        def key(self):
+            return V16[3].key()
+
+        def hash(self):
+            return hashlib.sha256(self.source.encode()).hexdigest()
+
+        def geometry(self):
+            return V16[3].geometry()
+
+    path = tmp_path / "t.db"
+    with TuningDB(path) as db:
+        put(db, Stale(), 2, 64, 4096)
+        put(db, V2[5], 16, 4096, 8192)
+    drt.set_tuning_dbs([str(path)])
+    assert explain(drt, 2, 64, 4095)["key"] == V2[5].key()
+    assert explain(drt, 2, 64, 4096)["key"] == V16[3].key()  # aligned rows still run it
+
+
+def test_default_is_the_catalogs_first_choice_through_its_twin(drt):
+    e = explain(drt, 2, 64, 4095)
+    assert (e["reason"], e["variant"]) == ("default", twin_of(CATALOG_16))
+    e = explain(drt, 2, 64, 4095, x_ptr=258)
+    assert (e["reason"], e["key"]) == ("default", CATALOG_2.key())
+
+
+def test_launch_checks_a_twins_row_alignment(drt):
+    """launch_fwd with a twin checks that x's and out's rows lie alike (before it looks for
+    a device): the message names what the twin needs and what the call gives."""
+    ptrs, sizes, strides, xd, wd, silu = call(2, 64, 4095, x_ptr=258)
+    with pytest.raises(ValueError, match="needs x's and out's rows to lie alike against 16-byte vectors .*"
+                                         "the call's agree to 2 bytes"):
+        drt.launch_fwd(twin_of(V16[3]), ptrs, sizes, strides, xd, wd, silu, 0)
+
+
+# ---- compiling -----------------------------------------------------------------
+
+CF_FWD = [f for f in families("fwd") if f.layout == "cf"]
+
+
+def _twins(variants):
+    return [v for v in variants if v.geometry()["align_bytes"] > v.family.x_bytes]
+
+
+def test_default_and_covering_twins_compile_for_sm90(nvrtc):
+    """The untuned kernels' twins without local memory; the covering set's (tuning
+    candidates, which may spill plain too) compile."""
+    defaults = _twins([default_variant(f, "sm_90") for f in CF_FWD])
+    covering = _twins([v for v in all_covering("sm_90") if v.family.op == "fwd" and v.family.layout == "cf"])
+    assert defaults and covering
+    spills = []
+    for v in defaults + covering:
+        _, log = nvrtc.compile(DEFINE + v.source, "sm_90", PTXAS_VERBOSE)
+        res = nvidia_resources(log)
+        if v in defaults and (res["spill_stores"] or res["spill_loads"] or res["stack"]):
+            spills.append(f"{v.key()}: {res}")
+    assert not spills, "local-memory use:\n" + "\n".join(spills)
+
+
+@pytest.mark.amd
+def test_default_twins_compile_for_gfx942(trixie):
+    defaults = _twins([default_variant(f, "gfx942") for f in CF_FWD])
+
+    class Twin:
+        def __init__(self, v):
+            self.v, self.source = v, DEFINE + v.source
+
+        def key(self):
+            return self.v.key() + ".realign"
+
+    compile_for_amd(trixie, "gfx942", [Twin(v) for v in defaults])
