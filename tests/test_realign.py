@@ -118,9 +118,12 @@ def test_a_source_without_the_realigned_build_gets_no_twin(drt, tmp_path):
     path = tmp_path / "t.db"
     with TuningDB(path) as db:
         put(db, Stale(), 2, 64, 4096)
+        put(db, Stale(), 2, 64, 4095)
         put(db, V2[5], 16, 4096, 8192)
     drt.set_tuning_dbs([str(path)])
-    assert explain(drt, 2, 64, 4095)["key"] == V2[5].key()
+    e = explain(drt, 2, 64, 4095)
+    assert e["key"] == V2[5].key()
+    assert "its stored source predates that build: cc1d-tune db rerender" in e["detail"], e["detail"]
     assert explain(drt, 2, 64, 4096)["key"] == V16[3].key()  # aligned rows still run it
 
 

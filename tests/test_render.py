@@ -7,7 +7,7 @@ import re
 import pytest
 
 from cc1d.generator import Family, Variant, default_variant, families, render, variants
-from cc1d.generator.render import template_context
+from cc1d.generator.render import realign_max_regs, template_context
 from cc1d.generator.space import occupancy_bounds
 
 
@@ -18,6 +18,11 @@ def test_render_every_variant(family):
         src = render(v)
         assert src.startswith(f"// cc1d kernel {v.key()} ")
         bounds = occupancy_bounds(v.params["threads"], v.params["max_regs"])
+        if (family.op, family.layout) == ("fwd", "cf"):  # the realigned build's cap is its own
+            twin = occupancy_bounds(v.params["threads"], realign_max_regs(v.params["max_regs"]))
+            assert (f"#if CC1D_FWD_REALIGN\n#define CC1D_FWD_MIN_BLOCKS {twin['min_blocks']}\n#else\n"
+                    f"#define CC1D_FWD_MIN_BLOCKS {bounds['min_blocks']}\n#endif\n") in src
+            bounds = dict(bounds, min_blocks="CC1D_FWD_MIN_BLOCKS")
         assert ('extern "C" __global__ void CC1D_BOUNDS(THREADS, {min_blocks}, {waves_per_eu})'
                 .format(**bounds)) in src
         assert "{{" not in src and "{%" not in src

@@ -285,6 +285,9 @@ std::shared_ptr<Decision> pick(const Call& p, const std::string& arch, const Cha
       if (!v) {
         skipped += "; the exact winner in " + set->path + " (" + e.variant->key + ") needs " +
                   std::to_string(e.variant->align_bytes) + "-byte alignment, the call gives " + std::to_string(align);
+        if (call_runs(p, *e.variant))
+          skipped += " (its rows would serve its realigned twin, but its stored source predates that build: "
+                     "cc1d-tune db rerender)";
         continue;
       }
       d->variant = v;
