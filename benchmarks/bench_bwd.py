@@ -66,7 +66,7 @@ def bench_case(case, copy_gbps, peer, with_seq_idx=False, seq_len=None):
     # cc1d and the peer on the same inputs, their replays interleaved (timing.graph_times_us)
     plain = {"cc1d": [lambda s=s: cc1d.causal_conv1d_bwd(s[0], w, b, s[1], activation="silu") for s in sets]}
     if peer is not None:
-        plain["peer"] = [lambda s=s: peer(s[0], w, b, s[1], None, None, None, None, False, True) for s in sets]
+        plain["peer"] = [lambda s=s: peer(s[0], w, b, s[1]) for s in sets]
     record_times(row, graph_times_us(plain), frac, {"cc1d": "bwd"})
 
     def step(x, dout):
@@ -80,7 +80,7 @@ def bench_case(case, copy_gbps, peer, with_seq_idx=False, seq_len=None):
         packed = {"cc1d": [lambda s=s: cc1d.causal_conv1d_bwd(s[0], w, b, s[1], seq_idx=si, activation="silu")
                            for s in sets]}
         if peer is not None and layout == "cl":
-            packed["peer"] = [lambda s=s: peer(s[0], w, b, s[1], si, None, None, None, False, True) for s in sets]
+            packed["peer"] = [lambda s=s: peer(s[0], w, b, s[1], seq_idx=si) for s in sets]
         record_times(row, graph_times_us(packed), frac, {"cc1d": "seq_bwd", "peer": "peer_seq"})
     return row
 

@@ -96,8 +96,7 @@ def main(argv: list[str] | None = None) -> None:
                     cands = {"cc1d": [lambda s=s: cc1d.causal_conv1d_bwd(s[0], w, bias, s[1], activation="silu")
                                       for s in sets]}
                     if peer is not None:
-                        cands["peer"] = [lambda s=s: peer(s[0], w, bias, s[1], None, None, None, None, False, True)
-                                         for s in sets]
+                        cands["peer"] = [lambda s=s: peer(s[0], w, bias, s[1]) for s in sets]
                 row = dict(op=op, layout=layout, shape=[b_, d_, length])
                 record_times(row, graph_times_us(cands), lambda us, n=nbytes: n / (us * 1e-6) / 1e9 / copy_gbps)
                 base = base or (row["cc1d_us"], length)

@@ -15,7 +15,7 @@ def causal_conv1d(name: str) -> Callable | None:
         return None
 
 
-def causal_conv1d_bwd() -> Callable | None:
+def _causal_conv1d_bwd_raw() -> Callable | None:
     """causal-conv1d's backward as its autograd Function calls it: (x, w, b, dout, seq_idx,
     initial_states, dfinal_states, dx, return_dinitial_states, silu) -> (dx, dw, db, dinit);
     None where it is not installed."""
@@ -29,6 +29,19 @@ def causal_conv1d_bwd() -> Callable | None:
         return causal_conv1d_cuda.causal_conv1d_bwd
     except ImportError:
         return None
+
+
+def causal_conv1d_bwd() -> Callable | None:
+    """causal-conv1d's backward as bwd(x, weight, bias, dout, seq_idx=None, silu=True) ->
+    (dx, dweight, dbias, dinitial_states): its autograd Function's call with no initial or
+    final states and dx allocated by it; None where it is not installed."""
+    raw = _causal_conv1d_bwd_raw()
+    if raw is None:
+        return None
+
+    def bwd(x, weight, bias, dout, seq_idx=None, silu=True):
+        return raw(x, weight, bias, dout, seq_idx, None, None, None, False, silu)
+    return bwd
 
 
 def causal_conv1d_version() -> str | None:

@@ -110,8 +110,7 @@ def peer_calls(shape: Shape, sets: list) -> list | None:
             lambda i=i: fwd(i["x"], i["weight"], i["bias"], seq_idx=i["seq_idx"], activation=act) for i, _ in sets]
     bwd = causal_conv1d_bwd()
     return None if bwd is None else [
-        lambda i=i: bwd(i["x"], i["weight"], i["bias"], i["dout"], i["seq_idx"], None, None, None, False, silu)
-        for i, _ in sets]
+        lambda i=i: bwd(i["x"], i["weight"], i["bias"], i["dout"], seq_idx=i["seq_idx"], silu=silu) for i, _ in sets]
 
 
 def print_peer_row(shape: Shape, sets: list, nbytes: int, ceiling: float) -> None:
