@@ -17,6 +17,7 @@ from cc1d.generator import Family, Variant, families, fallback_chain, variants  
 
 from conftest import precompile  # noqa: E402
 from cc1d.generator.covering import all_covering  # noqa: E402
+from cc1d.generator.variant import realigned  # noqa: E402
 from fwd_cases import (DTYPE_CODES, Case, assert_close, launch_variant, make_inputs,  # noqa: E402
                        poisoned, reference)
 
@@ -114,13 +115,10 @@ def _rows_from(t: torch.Tensor, offset: int) -> torch.Tensor:
 def _launch_twin(rt, variant, case, inp, offset, as_plan):
     """The realigned twin of `variant` on x and a poisoned out whose rows start `offset`
     elements into their buffers (alike); returns (out, final_states)."""
-    import hashlib
     x = _rows_from(inp["x"].contiguous(), offset)
     out = _rows_from(torch.full_like(x, float("nan")), offset)
     fs = poisoned((case.batch, case.dim, case.width - 1), x.dtype) if case.final else None
-    source = "#define CC1D_FWD_REALIGN 1\n" + variant.source
-    twin = dict(variant.as_runtime_dict(), key=variant.key() + ".realign", source=source,
-                hash=hashlib.sha256(source.encode()).hexdigest())
+    twin = realigned(variant.as_runtime_dict())
     w, b, s, i = inp["weight"], inp["bias"], inp["seq_idx"], inp["initial_states"]
     ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
     st = lambda t, n: (0,) * n if t is None else tuple(t.stride())  # noqa: E731
@@ -133,8 +131,11 @@ def _launch_twin(rt, variant, case, inp, offset, as_plan):
     return out, fs
 
 
-@pytest.mark.parametrize("variant", [v for v in all_covering("sm_90") if v.family.op == "fwd" and v.family.layout == "cf"
-                                     and v.geometry()["align_bytes"] > v.family.x_bytes], ids=lambda v: v.key())
+TWINNED = [v for v in all_covering("sm_90") if (v.family.op, v.family.layout) == ("fwd", "cf")
+           and v.geometry()["align_bytes"] > v.family.x_bytes]  # variants with more than one element a vector
+
+
+@pytest.mark.parametrize("variant", TWINNED, ids=lambda v: v.key())
 def test_realigned_twins_match_reference(rt, variant):
     """Rows that start anywhere against the twin's vectors (lengths that are no whole
     number of vectors, and a first row offset into its buffer): cut tiles at both ends of

@@ -143,13 +143,22 @@ bool segment_misfits(const Call& p, const std::string& arch, const KernelVariant
 
 // ---- realigned twins (dispatch.h) --------------------------------------------
 
-// Whether the call can run v: its alignment class meets v's, or v's realigned twin
-// serves it (a channel-first forward whose x and out rows lie alike against v's vectors;
-// the twin's existence is checked where it is made).
+// Whether v has a realigned twin: a plain channel-first forward whose source comes from
+// templates that know the build (varlen's include them too, but keep their own tiling).
+bool twinnable(const KernelVariant& v) {
+  return v.key.rfind("fwd.cf.", 0) == 0 && !is_realigned(v) &&
+         v.source.find("CC1D_FWD_REALIGN") != std::string::npos;
+}
+
+// Whether a channel-first forward's x and out rows lie alike against v's vectors, so
+// that v's realigned twin, if it has one, could serve the call.
+bool rows_fit(const Call& p, const KernelVariant& v) {
+  return p.op == Op::fwd && p.layout == Layout::channel_first && p.row_align > 0 && p.row_align % v.align_bytes == 0;
+}
+
+// Whether the call can run v: its alignment class meets v's, or v's realigned twin serves it.
 bool call_runs(const Call& p, const KernelVariant& v) {
-  return p.align % v.align_bytes == 0 ||
-         (p.op == Op::fwd && p.layout == Layout::channel_first && p.row_align % v.align_bytes == 0 &&
-          p.row_align > 0);
+  return p.align % v.align_bytes == 0 || (rows_fit(p, v) && twinnable(v));
 }
 
 class Twins {
@@ -159,10 +168,7 @@ class Twins {
     auto it = twins_.find(v->hash);
     if (it != twins_.end()) return it->second;
     std::shared_ptr<const KernelVariant> twin;
-    // The plain forward's source from templates that know the build (varlen's include
-    // them too, but keep their own tiling).
-    if (v->key.rfind("fwd.cf.", 0) == 0 && v->source.find("CC1D_FWD_REALIGN") != std::string::npos &&
-        !is_realigned(*v)) {
+    if (twinnable(*v)) {
       auto t = std::make_shared<KernelVariant>(*v);
       t->key += ".realign";
       t->source = kRealignDefine + v->source;
@@ -185,8 +191,8 @@ Twins& twins() {
   return t;
 }
 
-// The variant that serves the call for the entry `v` it picked (call_runs): v, or its
-// realigned twin where only the rows' alignment meets v's; null where v has no twin.
+// The variant that serves the call for an entry `v` it can run (call_runs): v, or its
+// realigned twin where only the rows' alignment meets v's.
 std::shared_ptr<const KernelVariant> serving(const Call& p, const std::shared_ptr<const KernelVariant>& v) {
   return p.align % v->align_bytes == 0 ? v : realigned_twin(v);
 }
@@ -281,16 +287,15 @@ std::shared_ptr<Decision> pick(const Call& p, const std::string& arch, const Cha
       if (e.family != family || e.features != features || e.batch != p.batch || e.dim != p.dim ||
           e.seqlen != p.seqlen || broken(*set, e))
         continue;
-      const std::shared_ptr<const KernelVariant> v = call_runs(p, *e.variant) ? serving(p, e.variant) : nullptr;
-      if (!v) {
+      if (!call_runs(p, *e.variant)) {
         skipped += "; the exact winner in " + set->path + " (" + e.variant->key + ") needs " +
                   std::to_string(e.variant->align_bytes) + "-byte alignment, the call gives " + std::to_string(align);
-        if (call_runs(p, *e.variant))
+        if (rows_fit(p, *e.variant))
           skipped += " (its rows would serve its realigned twin, but its stored source predates that build: "
                      "cc1d-tune db rerender)";
         continue;
       }
-      d->variant = v;
+      d->variant = serving(p, e.variant);
       d->reason = "exact";
       d->source = set->path;
       d->matched_shape = e.shape_key;
@@ -307,7 +312,7 @@ std::shared_ptr<Decision> pick(const Call& p, const std::string& arch, const Cha
   double best_rank = 0, best_distance = 0;
   for (const auto& set : sets)
     for (const TunedEntry& e : set->entries) {
-      if (e.family != family || !call_runs(p, *e.variant) || broken(*set, e) || !serving(p, e.variant)) continue;
+      if (e.family != family || !call_runs(p, *e.variant) || broken(*set, e)) continue;
       const double dist = shape_distance(p.batch, p.dim, p.seqlen, e);
       const double rank = dist + kFeatureMismatchRank * __builtin_popcount(e.features ^ features) +
                           (segment_misfits(p, arch, *e.variant) ? kMisfitRank : 0.0);
@@ -346,9 +351,7 @@ std::shared_ptr<Decision> pick(const Call& p, const std::string& arch, const Cha
   if (p.row_align > align) {  // the catalog's first choice for aligned rows, through its twin
     auto v = std::shared_ptr<const KernelVariant>(std::shared_ptr<void>(),
                                                   &catalog_choice(family, p.row_align, op_tensors(p.op)));
-    if (call_runs(p, *v)) {
-      if (auto twin = serving(p, v)) d->variant = twin;
-    }
+    if (call_runs(p, *v)) d->variant = serving(p, v);
   }
   d->reason = "default";
   d->source = "catalog";
