@@ -179,3 +179,40 @@ def test_default_twins_compile_for_gfx942(trixie):
             return self.v.key() + ".realign"
 
     compile_for_amd(trixie, "gfx942", [Twin(v) for v in defaults])
+
+
+ALL_INPUTS = dict(seq_idx=True, initial_states=True, final_states=True)
+
+
+def _fixed_twins(target, options_for):
+    """A plan's fixed kernel of each default width-4 channel-first forward twin, for `target`:
+    the fixed options as #define lines ahead of the twin's source (any compiler)."""
+    from compile_checks import with_defines
+    out = []
+    for f in CF_FWD:
+        v = default_variant(f, target)
+        if f.width == 4 and v.geometry()["align_bytes"] > f.x_bytes:
+            for name, features in (("plain", {}), ("every-input", ALL_INPUTS)):
+                twin = with_defines(v, options_for(f, features), f"realign+fixed-{name}")
+                out.append(type(twin)(key=twin.key, source=DEFINE + twin.source))
+    return out
+
+
+def test_fixed_twins_compile_for_sm90_without_local_memory(nvrtc):
+    """Plans launch a twin's fixed kernel (with seq_idx: its whole tiles with sequence ids)."""
+    from test_fwd_fixed_compile import fixed_call
+    chosen = _fixed_twins("sm_90", lambda f, features: nvrtc.fwd_fixed_options(*fixed_call(f, **features)))
+    assert chosen
+    problems = []
+    for t in chosen:
+        res = nvidia_resources(nvrtc.compile(t.source, "sm_90", PTXAS_VERBOSE)[1])
+        if res["spill_stores"] or res["spill_loads"] or res["stack"]:
+            problems.append(f"{t.key()}: {res}")
+    assert not problems, "local-memory use:\n" + "\n".join(problems)
+
+
+@pytest.mark.amd
+def test_fixed_twins_compile_for_gfx942(trixie, rt):
+    from test_fwd_fixed_compile import fixed_call
+    compile_for_amd(trixie, "gfx942", _fixed_twins("gfx942", lambda f, features: rt.fwd_fixed_options(
+        *fixed_call(f, **features))))
