@@ -18,7 +18,8 @@ import torch
 
 import cc1d
 from peers import causal_conv1d_bwd, causal_conv1d_version
-from timing import copy_ceiling_gbps, graph_time_us, graph_times_us, n_buffers, record_times, write_interleaved_run
+from timing import (copy_ceiling_gbps, graph_time_us, graph_times_us, n_buffers, peer_columns, record_times,
+                    run_header, write_interleaved_run)
 
 DT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -98,15 +99,12 @@ def main() -> None:
     peer = causal_conv1d_bwd()
     rows = [bench_case(c, copy_gbps, peer, args.seq_idx, args.seq_len) for c in CASES]
     dev = torch.cuda.get_device_name()
-    print(f"\n{dev}; copy ceiling {copy_gbps:.0f} GB/s; causal_conv1d "
-          f"{'installed' if peer else 'not installed'}\n")
+    print(run_header(dev, copy_gbps, peer is not None))
     print("| layout | x/w | width | (batch, dim, seqlen) | bwd µs | bwd % copy | fwd+bwd µs | "
           "peer bwd µs | peer % | cc1d/peer speed |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        peer_cols = ("{:.1f} | {:.0f} % | {:.2f}".format(r["peer_us"], 100 * r["peer_frac"],
-                                                        r["peer_us"] / r["bwd_us"])
-                     if "peer_us" in r else "— | — | —")
+        peer_cols = peer_columns(r, r["bwd_us"])
         print(f"| {r['layout']} | {r['x']}/{r['w']} | {r['width']} | {tuple(r['shape'])} | "
               f"{r['bwd_us']:.1f} | {100 * r['bwd_frac']:.0f} % | {r['fwd_bwd_us']:.1f} | {peer_cols} |")
     if args.seq_idx:

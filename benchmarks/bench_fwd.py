@@ -15,7 +15,8 @@ import torch.nn.functional as F
 
 import cc1d
 from peers import causal_conv1d, causal_conv1d_version
-from timing import copy_ceiling_gbps, graph_times_us, n_buffers, record_times, write_interleaved_run
+from timing import (copy_ceiling_gbps, graph_times_us, n_buffers, peer_columns, record_times, run_header,
+                    write_interleaved_run)
 
 DT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -85,15 +86,12 @@ def main() -> None:
     cases = CASES[:3] if args.quick else CASES
     rows = [bench_case(c, copy_gbps, peer) for c in cases]
     dev = torch.cuda.get_device_name()
-    print(f"\n{dev}; copy ceiling {copy_gbps:.0f} GB/s; causal_conv1d "
-          f"{'installed' if peer else 'not installed'}\n")
+    print(run_header(dev, copy_gbps, peer is not None))
     print("| layout | x/w | width | (batch, dim, seqlen) | cc1d µs | cc1d % copy | torch µs | "
           "torch % | peer µs | peer % | cc1d/peer speed |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        peer_cols = ("{:.1f} | {:.0f} % | {:.2f}".format(r["peer_us"], 100 * r["peer_frac"],
-                                                        r["peer_us"] / r["cc1d_us"])
-                     if "peer_us" in r else "— | — | —")
+        peer_cols = peer_columns(r, r["cc1d_us"])
         print(f"| {r['layout']} | {r['x']}/{r['w']} | {r['width']} | {tuple(r['shape'])} | "
               f"{r['cc1d_us']:.1f} | {100 * r['cc1d_frac']:.0f} % | {r['torch_us']:.1f} | "
               f"{100 * r['torch_frac']:.0f} % | {peer_cols} |")

@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> None:
 
     import cc1d
     from peers import causal_conv1d, causal_conv1d_bwd, causal_conv1d_version
-    from timing import copy_ceiling_gbps, graph_times_us, n_buffers, record_times, write_interleaved_run
+    from timing import (copy_ceiling_gbps, graph_times_us, n_buffers, peer_columns, record_times, run_header,
+                        write_interleaved_run)
 
     dt, width, b_, d_ = torch.bfloat16, 4, args.batch, args.dim
     w = torch.randn(d_, width, device="cuda", dtype=dt) / width ** 0.5
@@ -105,14 +106,12 @@ def main(argv: list[str] | None = None) -> None:
                 del sets
 
     dev = torch.cuda.get_device_name()
-    print(f"\n{dev}; copy ceiling {copy_gbps:.0f} GB/s; causal_conv1d "
-          f"{'installed' if any(peers.values()) else 'not installed'}\n")
+    print(run_header(dev, copy_gbps, any(peers.values())))
     print("| op | layout | (batch, dim, seqlen) | cc1d µs | cc1d % copy | per position vs first length | "
           "peer µs | peer % | cc1d/peer speed |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        peer_cols = (f"{r['peer_us']:.1f} | {100 * r['peer_frac']:.0f} % | {r['peer_us'] / r['cc1d_us']:.2f}x"
-                     if "peer_us" in r else "— | — | —")
+        peer_cols = peer_columns(r, r["cc1d_us"], speed_suffix="x")
         print(f"| {r['op']} | {r['layout']} | {tuple(r['shape'])} | {r['cc1d_us']:.1f} | "
               f"{100 * r['cc1d_frac']:.0f} % | {r['per_position_vs_first']:.2f}x | {peer_cols} |")
     if args.out:

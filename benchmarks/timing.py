@@ -103,6 +103,20 @@ def record_times(row: dict, times: dict[str, float | str], frac: Callable[[float
             raise RuntimeError(f"{name} failed on {where}: {t}")
 
 
+def run_header(device: str, copy_gbps: float, peer_installed: bool) -> str:
+    """The line above a benchmark's table: the device, the copy ceiling, the peer."""
+    return (f"\n{device}; copy ceiling {copy_gbps:.0f} GB/s; causal_conv1d "
+            f"{'installed' if peer_installed else 'not installed'}\n")
+
+
+def peer_columns(row: dict, own_us: float, speed_suffix: str = "") -> str:
+    """A table row's peer cells (record_times' `peer_us`, `peer_frac`): µs, % of copy, and
+    cc1d's speed against it (the peer's time over `own_us`); dashes where it did not run."""
+    if "peer_us" not in row:
+        return "— | — | —"
+    return f"{row['peer_us']:.1f} | {100 * row['peer_frac']:.0f} % | {row['peer_us'] / own_us:.2f}{speed_suffix}"
+
+
 def write_interleaved_run(path: str, rows: list[dict], **fields: object) -> None:
     """A benchmark's JSON: `fields` (device, copy_gbps, peer_version, ...), the rows, and
     "timing": INTERLEAVED (its cc1d and peer times came from graph_times_us)."""

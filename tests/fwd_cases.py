@@ -153,12 +153,14 @@ def assert_close(name: str, got: torch.Tensor, want: torch.Tensor, x_dtype: str)
     assert err == err and err <= TOLERANCE[x_dtype], f"{name}: relative L2 error {err:.3e}"
 
 
-def launch_variant(rt, variant, case: Case, inp: dict, runtime_dict: dict | None = None, as_plan: bool = False):
+def launch_variant(rt, variant, case: Case, inp: dict, runtime_dict: dict | None = None, as_plan: bool = False,
+                   out: torch.Tensor | None = None):
     """Run exactly one generated variant (or `runtime_dict`, its runtime fields with
-    another source) on poisoned outputs: its generic kernel, or with `as_plan` the one a
-    plan for the call launches (launch_fwd); returns (out, final_states)."""
+    another source) on poisoned outputs (`out`, else a fresh one laid out as the case
+    says): its generic kernel, or with `as_plan` the one a plan for the call launches
+    (launch_fwd); returns (out, final_states)."""
     x, w = inp["x"], inp["weight"]
-    out = poisoned(x.shape, x.dtype, case.layout, case.align)
+    out = poisoned(x.shape, x.dtype, case.layout, case.align) if out is None else out
     fs = poisoned((case.batch, case.dim, case.width - 1), x.dtype) if case.final else None
     b, s, i = inp["bias"], inp["seq_idx"], inp["initial_states"]
     ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731

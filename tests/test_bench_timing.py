@@ -122,3 +122,14 @@ def test_record_times_fills_a_row_and_refuses_a_failed_cc1d(tmp_path):
     path = tmp_path / "run.json"
     timing.write_interleaved_run(str(path), [row], device="GPU A", copy_gbps=3000.0)
     assert json.loads(path.read_text()) == dict(device="GPU A", copy_gbps=3000.0, timing="interleaved", rows=[row])
+
+
+def test_table_cells_the_benchmarks_share():
+    """run_header and peer_columns print what bench_fwd, bench_bwd and bench_near printed
+    each for themselves: the speed is the peer's time over cc1d's."""
+    assert timing.run_header("H200", 4265.4, True) == "\nH200; copy ceiling 4265 GB/s; causal_conv1d installed\n"
+    assert timing.run_header("H200", 4265.4, False).endswith("causal_conv1d not installed\n")
+    row = dict(peer_us=29.04, peer_frac=0.537)
+    assert timing.peer_columns(row, 24.8) == "29.0 | 54 % | 1.17"
+    assert timing.peer_columns(row, 24.8, speed_suffix="x") == "29.0 | 54 % | 1.17x"
+    assert timing.peer_columns(dict(peer_error="rejects it"), 24.8) == "— | — | —"

@@ -18,8 +18,8 @@ from cc1d.generator import Family, Variant, families, fallback_chain, variants  
 from conftest import precompile  # noqa: E402
 from cc1d.generator.covering import all_covering  # noqa: E402
 from cc1d.generator.variant import realigned  # noqa: E402
-from fwd_cases import (DTYPE_CODES, Case, assert_close, launch_variant, make_inputs,  # noqa: E402
-                       poisoned, reference)
+from fwd_cases import (Case, assert_close, launch_variant, make_inputs, poisoned,  # noqa: E402
+                       reference)
 
 pytestmark = pytest.mark.gpu
 
@@ -117,18 +117,8 @@ def _launch_twin(rt, variant, case, inp, offset, as_plan):
     elements into their buffers (alike); returns (out, final_states)."""
     x = _rows_from(inp["x"].contiguous(), offset)
     out = _rows_from(torch.full_like(x, float("nan")), offset)
-    fs = poisoned((case.batch, case.dim, case.width - 1), x.dtype) if case.final else None
-    twin = realigned(variant.as_runtime_dict())
-    w, b, s, i = inp["weight"], inp["bias"], inp["seq_idx"], inp["initial_states"]
-    ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
-    st = lambda t, n: (0,) * n if t is None else tuple(t.stride())  # noqa: E731
-    strides = (*x.stride(), *w.stride(), 0 if b is None else b.stride(0), *out.stride(),
-               *st(s, 2), *st(i, 3), *st(fs, 3))
-    rt.launch_fwd(twin, (x.data_ptr(), w.data_ptr(), ptr(b), ptr(s), ptr(i), out.data_ptr(), ptr(fs)),
-                  (case.batch, case.dim, case.seqlen, case.width), strides, DTYPE_CODES[case.x_dtype],
-                  DTYPE_CODES[case.w_dtype], case.silu, torch.cuda.current_stream().cuda_stream, as_plan=as_plan)
-    torch.cuda.synchronize()
-    return out, fs
+    return launch_variant(rt, variant, case, dict(inp, x=x), runtime_dict=realigned(variant.as_runtime_dict()),
+                          as_plan=as_plan, out=out)
 
 
 TWINNED = [v for v in all_covering("sm_90") if (v.family.op, v.family.layout) == ("fwd", "cf")
