@@ -5,7 +5,7 @@ graph-times it (inputs rotated past L2) and reports the % of a copy measured in
 the same run. A candidate is a variant key (rendered from the current
 templates), KEY@FILE.cu (that source, launched with KEY's geometry) or KEY@DIR
 (KEY rendered from the templates in DIR, say another checkout's `templates/`: a
-template change against main, each at the same config). A channel-first forward KEY
+template change against main, each at the same config). A channel-first forward or backward KEY
 ending in .realign stands for that variant's realigned twin (what the dispatcher runs
 for rows off the vector boundary, an odd seqlen's).
 
@@ -72,7 +72,7 @@ REALIGN = ".realign"
 
 def kernel_dict(spec: str) -> tuple[str, dict]:
     """(name, the runtime's kernel dict) of a candidate: KEY, KEY@FILE.cu or KEY@DIR; a
-    forward channel-first KEY ending in .realign is that variant's realigned twin."""
+    channel-first forward or backward KEY ending in .realign is that variant's realigned twin."""
     key, _, path = spec.partition("@")
     twin = key.endswith(REALIGN)
     variant = variant_from_key(key[:-len(REALIGN)] if twin else key)

@@ -55,19 +55,34 @@ class Variant:
         return dict(key=self.key(), hash=self.hash(), source=self.source, **self.geometry())
 
     def rows_off_vectors(self, seqlen: int) -> bool:
-        """Whether a contiguous channel-first forward of this seqlen has rows that start
-        off this variant's vectors, which the runtime serves through its realigned twin."""
-        return ((self.family.op, self.family.layout) == ("fwd", "cf") and
+        """Whether a contiguous channel-first forward or backward of this seqlen has rows
+        that start off this variant's vectors, which the runtime serves through its
+        realigned twin."""
+        return (self.family.op in ("fwd", "bwd") and self.family.layout == "cf" and
                 seqlen * self.family.x_bytes % self.geometry()["align_bytes"] != 0)
 
 
-REALIGN_DEFINE = "#define CC1D_FWD_REALIGN 1\n"  # the runtime's kRealignDefine (dispatch.h)
+# What leads a realigned twin's source, by op: the runtime's kRealignDefine and
+# kBwdRealignDefine (dispatch.h).
+REALIGN_DEFINE = "#define CC1D_FWD_REALIGN 1\n"
+BWD_REALIGN_DEFINE = "#define CC1D_BWD_REALIGN 1\n"
+
+
+def realign_define(key: str) -> str:
+    """The define of the realigned build of the channel-first variant `key` (fwd or bwd)."""
+    if key.startswith("fwd.cf."):
+        return REALIGN_DEFINE
+    if key.startswith("bwd.cf."):
+        return BWD_REALIGN_DEFINE
+    raise ValueError(f"variant {key!r} has no realigned build: only channel-first forward and backward "
+                     "variants (keys 'fwd.cf.*', 'bwd.cf.*') have one")
 
 
 def realigned(kernel: dict) -> dict:
-    """The realigned twin of a channel-first forward variant's runtime dict, as the runtime
-    makes it (dispatch.h realigned_twin): the source led by REALIGN_DEFINE, key + ".realign"."""
-    source = REALIGN_DEFINE + kernel["source"]
+    """The realigned twin of a channel-first forward or backward variant's runtime dict, as
+    the runtime makes it (dispatch.h realigned_twin): the source led by its op's define,
+    key + ".realign"."""
+    source = realign_define(kernel["key"]) + kernel["source"]
     return dict(kernel, key=kernel["key"] + ".realign", source=source,
                 hash=hashlib.sha256(source.encode()).hexdigest())
 

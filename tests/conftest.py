@@ -95,7 +95,7 @@ def one_process_at_a_time(name: str):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def precompile(rt, sources, target: str) -> None:
+def precompile(rt, sources, target: str, options: list[str] | None = None) -> None:
     """Fill the runtime's compile cache in parallel (compile() releases the GIL), so
     GPU tests that then launch many variants do not compile them one by one.
     One process compiles at a time: under pytest-xdist the first worker fills the
@@ -106,4 +106,4 @@ def precompile(rt, sources, target: str) -> None:
     unique = list(dict.fromkeys(sources))
     with one_process_at_a_time(f"precompile-{target}"), \
             ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
-        list(pool.map(lambda s: rt.compile(s, target), unique))
+        list(pool.map(lambda s: rt.compile(s, target, *([options] if options else [])), unique))

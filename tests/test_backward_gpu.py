@@ -19,6 +19,7 @@ from cc1d import backward, ops  # noqa: E402
 
 from conftest import precompile  # noqa: E402
 from cc1d.generator.covering import all_covering  # noqa: E402
+from cc1d.generator.variant import realigned  # noqa: E402
 from cc1d.tuner.problems import bwd_splits  # noqa: E402  (the runtime's split rule)
 from cc1d.tuner.shapes import Shape  # noqa: E402
 from fwd_cases import TORCH_DTYPES, Case, make_inputs, poisoned, rel_l2  # noqa: E402
@@ -98,11 +99,12 @@ def make_grads(case: Case, inp: dict, seed: int):
 
 # ---- every covering variant, launched exactly -----------------------------------------
 
-def launch_bwd_variant(rt, variant, case, inp, dout, dfinal, runtime_dict=None, as_plan=False):
+def launch_bwd_variant(rt, variant, case, inp, dout, dfinal, runtime_dict=None, as_plan=False, dx=None):
     """Exactly `variant` (its plain build, or with `as_plan` what bwd() launches for it)
-    on poisoned gradients: dx, dweight, dbias, dinitial_states."""
+    on poisoned gradients (dx: a poisoned one of the caller's, or a fresh one): dx,
+    dweight, dbias, dinitial_states."""
     x, w, b = inp["x"], inp["weight"], inp["bias"]
-    dx = poisoned(x.shape, x.dtype, case.layout, case.align)
+    dx = poisoned(x.shape, x.dtype, case.layout, case.align) if dx is None else dx
     dweight = backward._new_output(w.shape, w.dtype, x.device)
     dbias = None if b is None else backward._new_output(b.shape, b.dtype, x.device)
     s = inp["initial_states"]
@@ -171,6 +173,79 @@ def test_walked_segments_match_reference(rt, variant):
         dout, dfinal = make_grads(case, inp, n)
         got = launch_bwd_variant(rt, variant, case, inp, dout, dfinal)
         check_grads(f"{variant.key()} {case.id()}", case, got, reference_grads(case, inp, dout, dfinal))
+
+
+# ---- realigned twins (CC1D_BWD_REALIGN) ------------------------------------------------
+
+def _rows_from(t: torch.Tensor, offset: int) -> torch.Tensor:
+    """t's values (contiguous (batch, dim, seqlen)) in a fresh NaN-filled buffer, `offset`
+    elements in."""
+    buf = torch.full((t.numel() + offset + 8,), float("nan"), dtype=t.dtype, device="cuda")
+    view = buf[offset:offset + t.numel()].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+BWD_TWINNED = [v for v in covering_and_shipped("bwd", "cf")
+               if v.geometry()["align_bytes"] > v.family.x_bytes]  # more than one element a vector
+
+
+@pytest.fixture(scope="module")
+def twins_compiled(rt):
+    """Every twin's plain and seq_idx builds, compiled in parallel up front."""
+    target = rt.device_target("cuda", torch.cuda.current_device())
+    sources = [realigned(v.as_runtime_dict())["source"] for v in BWD_TWINNED]
+    precompile(rt, sources, target)
+    precompile(rt, sources, target, ["-DCC1D_BWD_SEQ_TILES=1"])
+
+
+@pytest.mark.parametrize("variant", BWD_TWINNED, ids=lambda v: v.key())
+def test_realigned_twins_match_reference(rt, variant, twins_compiled):
+    """The realigned twin on rows that start anywhere against its vectors, x's, dout's and
+    dx's alike (lengths that are no whole number of vectors, the first row offset into its
+    buffer): the positions before each row's first vector boundary computed alone, the
+    segments from there (full, walked, cut by the end, shorter than a segment, fewer
+    positions than a vector), every feature; dweight/dbias count each position once. The
+    plain build and what a plan launches (the seq_idx build)."""
+    f, g = variant.family, variant.geometry()
+    ve = g["align_bytes"] // f.x_bytes
+    seg_l = cf_segment_positions(variant)
+    rng = random.Random(variant.key() + " realigned")
+    lengths = (2 * g["tile_l"] + 3 * ve + 1, g["tile_l"] + seg_l - 1, seg_l + 1, max(1, seg_l - ve - 1),
+               ve - 1, rng.randrange(seg_l, 4 * g["tile_l"]) | 1)
+    for n, seqlen in enumerate(lengths):
+        feats = dict(bias=rng.random() < 0.7, silu=rng.random() < 0.7, seq_idx=rng.random() < 0.4,
+                     states=rng.random() < 0.4, final=rng.random() < 0.4)
+        case = Case(layout="cf", x_dtype=f.x_dtype, w_dtype=f.w_dtype, width=f.width, batch=rng.randint(1, 3),
+                    dim=rng.choice((g["tile_d"], 2 * g["tile_d"] + 1)), seqlen=seqlen, **feats)
+        inp = make_inputs(case, seed=rng.randrange(1 << 30))
+        dout, dfinal = make_grads(case, inp, n)
+        want = reference_grads(case, inp, dout, dfinal)
+        offset = rng.randrange(1, ve)
+        x, dout = _rows_from(inp["x"].contiguous(), offset), _rows_from(dout.contiguous(), offset)
+        twin = realigned(variant.as_runtime_dict())
+        for as_plan in (False, True):
+            dx = _rows_from(torch.full_like(x, float("nan")), offset)
+            got = launch_bwd_variant(rt, variant, case, dict(inp, x=x), dout, dfinal, runtime_dict=twin,
+                                     as_plan=as_plan, dx=dx)
+            check_grads(f"{twin['key']} {case.id()} offset {offset} {'plan' if as_plan else 'generic'}",
+                        case, got, want)
+
+
+def test_odd_lengths_run_a_realigned_twin_through_the_api(rt):
+    """The dispatcher serves an odd channel-first backward with a twin (x, dout and the dx
+    it allocates contiguous: rows alike) and the gradients match."""
+    for seqlen, dim in ((2047, 256), (1001, 96), (4097, 5)):
+        case = Case(x_dtype="bf16", w_dtype="bf16", dim=dim, seqlen=seqlen, batch=2, bias=True, silu=True)
+        inp = make_inputs(case, seed=seqlen)
+        x, w, b = inp["x"].contiguous(), inp["weight"], inp["bias"]
+        dout, dfinal = make_grads(case, inp, seqlen)
+        dout = dout.contiguous()
+        e = rt.explain_bwd(*backward._bwd_call_args(x, w, b, None, None, dout, None, torch.empty_like(x), None,
+                                                     torch.empty_like(w), torch.empty_like(b), None, True))
+        assert e["key"].endswith(".realign") and e["alignment"] == 2, e
+        got = grads_through_api(case, dict(inp, x=x), dout, dfinal)
+        check_grads(f"api {case.id()}", case, got, reference_grads(case, inp, dout, dfinal))
 
 
 def _bwd(layout, x_dtype, w_dtype, width, **config):

@@ -1,9 +1,10 @@
-"""Realigned twins (fwd_cf_tiles.cuh.j2 CC1D_FWD_REALIGN, runtime dispatch.h realigned_twin):
-a channel-first forward whose rows start off the vector boundary (an odd seqlen's), with
-x's and out's rows lying alike, runs a 16-byte winner through its twin instead of a
-2-byte kernel. The dispatcher's choice (no GPU), and every default and covering twin
+"""Realigned twins (fwd_cf_tiles.cuh.j2 CC1D_FWD_REALIGN, bwd_channel_first.cu.j2
+CC1D_BWD_REALIGN, runtime dispatch.h realigned_twin): a channel-first forward or backward
+whose rows start off the vector boundary (an odd seqlen's), with the rows it walks lying
+alike (x's and out's; x's, dout's and dx's), runs a 16-byte winner through its twin instead
+of a 2-byte kernel. The dispatcher's choice (no GPU), and every default and covering twin
 compiling for sm_90 (NVRTC) and gfx942 (hipRTC, marker amd). Their results on the GPU:
-test_forward_gpu.py test_realigned_twins_match_reference."""
+test_forward_gpu.py and test_backward_gpu.py test_realigned_twins_match_reference."""
 from __future__ import annotations
 
 import hashlib
@@ -12,7 +13,7 @@ import pytest
 
 from cc1d.generator import default_variant, families
 from cc1d.generator.covering import all_covering
-from cc1d.generator.variant import REALIGN_DEFINE, realigned
+from cc1d.generator.variant import BWD_REALIGN_DEFINE, REALIGN_DEFINE, realigned
 
 from compile_checks import PTXAS_VERBOSE, nvidia_resources
 from test_compile_amd import compile_for_amd
@@ -35,12 +36,24 @@ def test_a_twin_is_its_source_led_by_the_define():
         {k: plain[k] for k in plain if k not in ("key", "source", "hash")}
 
 
-def test_rows_off_vectors_is_about_channel_first_forward_rows():
+def test_rows_off_vectors_is_about_channel_first_rows():
     v16 = V16[3]  # bf16, 16-byte vectors: rows of 8k positions start on them
     assert not v16.rows_off_vectors(4096) and v16.rows_off_vectors(4095) and v16.rows_off_vectors(4092)
     assert not V2[5].rows_off_vectors(4095)  # 2-byte vectors: every bf16 row starts on one
-    cl = default_variant(next(f for f in families("fwd") if f.layout == "cl"), "sm_90")
-    assert not cl.rows_off_vectors(4095)
+    for op in ("fwd", "bwd"):
+        cl = default_variant(next(f for f in families(op) if f.layout == "cl"), "sm_90")
+        assert not cl.rows_off_vectors(4095)
+    bwd = default_variant(BWD_BF16, "sm_90")
+    assert bwd.rows_off_vectors(4095) and not bwd.rows_off_vectors(4096)
+
+
+def test_a_backward_twin_is_led_by_the_backward_define():
+    v = default_variant(BWD_BF16, "sm_90").as_runtime_dict()
+    twin = realigned(v)
+    assert BWD_REALIGN_DEFINE == "#define CC1D_BWD_REALIGN 1\n"
+    assert twin["source"] == BWD_REALIGN_DEFINE + v["source"] and twin["key"] == v["key"] + ".realign"
+    with pytest.raises(ValueError, match="has no realigned build: only channel-first forward and backward"):
+        realigned(default_variant(next(f for f in families("bwd") if f.layout == "cl"), "sm_90").as_runtime_dict())
 
 
 def test_the_tuner_times_an_odd_lengths_candidate_as_its_twin():
@@ -143,6 +156,50 @@ def test_launch_checks_a_twins_row_alignment(drt):
         drt.launch_fwd(twin_of(V16[3]), ptrs, sizes, strides, xd, wd, silu, 0)
 
 
+# ---- the backward ---------------------------------------------------------------
+
+BWD_BF16 = next(f for f in families("bwd") if f.key() == "bwd.cf.bf16wf32.w4")
+
+
+def test_odd_backward_runs_the_catalogs_first_choice_through_its_twin(drt):
+    """x, dout and dx contiguous (rows alike) at an odd length: the catalog's 16-byte first
+    choice through its twin; dx's rows 2 bytes off x's: the 2-byte kernel."""
+    from test_bwd_runtime import ARCH as BWD_ARCH, DX, PTRS, args, with_ptr
+    e = drt.explain_bwd(*args(sizes=(2, 64, 4095, 4)), arch=BWD_ARCH)
+    first = default_variant(BWD_BF16, "sm_90")
+    assert (e["reason"], e["alignment"]) == ("default", 2)
+    assert e["variant"] == realigned(first.as_runtime_dict()), e["key"]
+    assert "realigned build: x's, dout's and dx's rows start off its 16-byte vectors" in e["detail"]
+    e = drt.explain_bwd(*args(sizes=(2, 64, 4095, 4), ptrs=with_ptr(7, DX + 2, PTRS)), arch=BWD_ARCH)
+    assert e["variant"]["align_bytes"] == 2 and not e["key"].endswith(".realign"), e["key"]
+    e = drt.explain_bwd(*args(sizes=(2, 64, 4096, 4)), arch=BWD_ARCH)  # whole vectors: no twin
+    assert e["variant"] == first.as_runtime_dict()
+
+
+def test_an_odd_backward_serves_a_tuned_winner_through_its_twin(drt, tmp_path):
+    from cc1d.tuner.db import TuningDB
+    from test_bwd_runtime import ARCH as BWD_ARCH, args
+    v = default_variant(BWD_BF16, "sm_90")
+    path = tmp_path / "t.db"
+    with TuningDB(path) as db:
+        db.put_winner(v.source, arch=BWD_ARCH, family_key=BWD_BF16.key(), shape_key="b2.d64.l4095.bias.silu",
+                      op="bwd", batch=2, dim=64, seqlen=4095, features="bias,silu", variant_key=v.key(),
+                      config=v.params, source_hash=v.hash(), **v.geometry(), time_us=10.0,
+                      environment={"device": "test"})
+    drt.set_tuning_dbs([str(path)])
+    e = drt.explain_bwd(*args(sizes=(2, 64, 4095, 4)), arch=BWD_ARCH)
+    assert (e["reason"], e["key"]) == ("exact", v.key() + ".realign")
+
+
+def test_launch_checks_a_backward_twins_row_alignment(drt):
+    from test_bwd_runtime import DOUT, PTRS, args, with_ptr
+    twin = realigned(default_variant(BWD_BF16, "sm_90").as_runtime_dict())
+    a = args(sizes=(2, 64, 4095, 4), ptrs=with_ptr(5, DOUT + 4, PTRS))
+    with pytest.raises(ValueError, match="needs x's, dout's and dx's rows to lie alike against 16-byte vectors .*"
+                                         "the call's agree to 4 bytes"):
+        drt.launch_bwd(twin, *a, 1 << 30, 0)
+
+
 # ---- compiling -----------------------------------------------------------------
 
 CF_FWD = [f for f in families("fwd") if f.layout == "cf"]
@@ -216,3 +273,45 @@ def test_fixed_twins_compile_for_gfx942(trixie, rt):
     from test_fwd_fixed_compile import fixed_call
     compile_for_amd(trixie, "gfx942", _fixed_twins("gfx942", lambda f, features: rt.fwd_fixed_options(
         *fixed_call(f, **features))))
+
+
+CF_BWD = [f for f in families("bwd") if f.layout == "cf"]
+
+
+def _bwd_twins(variants):
+    return [v for v in variants if v.geometry()["align_bytes"] > v.family.x_bytes]
+
+
+def test_backward_default_twins_compile_for_sm90(nvrtc):
+    """The untuned backward kernels' twins, plain and seq_idx builds, with no more local
+    memory than the same build of the variant itself (none, but for a few seq_idx builds);
+    the covering set's (tuning candidates, which may spill plain too) compile."""
+    defaults = _bwd_twins([default_variant(f, "sm_90") for f in CF_BWD])
+    covering = _bwd_twins([v for v in all_covering("sm_90") if v.family.op == "bwd" and v.family.layout == "cf"])
+    assert defaults and covering
+    spills = []
+    for v in defaults:
+        for options in ([], ["-DCC1D_BWD_SEQ_TILES=1"]):
+            res = nvidia_resources(nvrtc.compile(BWD_REALIGN_DEFINE + v.source, "sm_90", PTXAS_VERBOSE + options)[1])
+            own = nvidia_resources(nvrtc.compile(v.source, "sm_90", PTXAS_VERBOSE + options)[1])
+            if any(res[k] > own[k] for k in ("spill_stores", "spill_loads", "stack")):
+                spills.append(f"{v.key()} {options}: twin {res}, its own build {own}")
+    assert not spills, "local-memory use:\n" + "\n".join(spills)
+    for v in covering:
+        nvrtc.compile(BWD_REALIGN_DEFINE + v.source, "sm_90")
+
+
+@pytest.mark.amd
+def test_backward_default_twins_compile_for_gfx942(trixie):
+    """HIP's 64-lane wavefronts hold two rows of a 32-thread row's variant: the twin's
+    shuffling loops are made alike across them (bcf_warp_min)."""
+    defaults = _bwd_twins([default_variant(f, "gfx942") for f in CF_BWD])
+
+    class Twin:
+        def __init__(self, v):
+            self.v, self.source = v, BWD_REALIGN_DEFINE + v.source
+
+        def key(self):
+            return self.v.key() + ".realign"
+
+    compile_for_amd(trixie, "gfx942", [Twin(v) for v in defaults])

@@ -43,6 +43,7 @@ Call bwd_call(const BwdArgs& a, Layout layout) {
   c.features = (p.bias ? kBias : 0u) | (p.silu ? kSilu : 0u) | (p.seq_idx ? kSeqIdx : 0u) |
                (p.initial_states ? kInit : 0u) | (p.dfinal_states ? kFinal : 0u);
   c.align = bwd_alignment(a, layout);
+  if (layout == Layout::channel_first) c.row_align = bwd_row_alignment(a, layout);
   return c;
 }
 
@@ -237,10 +238,21 @@ void launch_bwd(const KernelVariant& v, const BwdArgs& args, LaunchAs as) {
   check_variant_shape(v);
   char family[kFamilyBufSize];
   check_variant_serves(v, family, bwd_family(args, layout, family));
-  const int align = bwd_alignment(args, layout);
-  if (align % v.align_bytes != 0)
-    throw InvalidArgument("variant " + v.key + " needs x/dout/dx base addresses and batch/outer strides aligned to " +
-                          std::to_string(v.align_bytes) + " bytes, the call gives " + std::to_string(align));
+  if (is_realigned(v)) {
+    if (layout != Layout::channel_first)
+      throw InvalidArgument("variant " + v.key + " is a realigned channel-first build; x is channel-last");
+    const int rows = bwd_row_alignment(args, layout);
+    if (rows % v.align_bytes != 0)
+      throw InvalidArgument("variant " + v.key + " needs x's, dout's and dx's rows to lie alike against " +
+                            std::to_string(v.align_bytes) + "-byte vectors (their base addresses, batch and "
+                            "channel strides equal modulo that), the call's agree to " + std::to_string(rows) +
+                            " bytes");
+  } else {
+    const int align = bwd_alignment(args, layout);
+    if (align % v.align_bytes != 0)
+      throw InvalidArgument("variant " + v.key + " needs x/dout/dx base addresses and batch/outer strides aligned to " +
+                            std::to_string(v.align_bytes) + " bytes, the call gives " + std::to_string(align));
+  }
   check_workspace(args, v, layout);
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);

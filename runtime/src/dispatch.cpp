@@ -143,17 +143,31 @@ bool segment_misfits(const Call& p, const std::string& arch, const KernelVariant
 
 // ---- realigned twins (dispatch.h) --------------------------------------------
 
-// Whether v has a realigned twin: a plain channel-first forward whose source comes from
-// templates that know the build (varlen's include them too, but keep their own tiling).
-bool twinnable(const KernelVariant& v) {
-  return v.key.rfind("fwd.cf.", 0) == 0 && !is_realigned(v) &&
-         v.source.find("CC1D_FWD_REALIGN") != std::string::npos;
+// How v's realigned build is made, by its op; null for one that has none (varlen's
+// sources include the forward's tiles, but keep their own tiling).
+struct RealignBuild {
+  const char* define;  // what leads the twin's source (dispatch.h)
+  const char* macro;   // its name, which a source that knows the build holds
+};
+const RealignBuild* realign_build(const KernelVariant& v) {
+  static const RealignBuild fwd{kRealignDefine, "CC1D_FWD_REALIGN"}, bwd{kBwdRealignDefine, "CC1D_BWD_REALIGN"};
+  if (v.key.rfind("fwd.cf.", 0) == 0) return &fwd;
+  if (v.key.rfind("bwd.cf.", 0) == 0) return &bwd;
+  return nullptr;
 }
 
-// Whether a channel-first forward's x and out rows lie alike against v's vectors, so
+// Whether v has a realigned twin: a plain channel-first forward or backward whose source
+// comes from templates that know the build.
+bool twinnable(const KernelVariant& v) {
+  const RealignBuild* build = realign_build(v);
+  return build && !is_realigned(v) && v.source.find(build->macro) != std::string::npos;
+}
+
+// Whether a channel-first forward's or backward's rows lie alike against v's vectors, so
 // that v's realigned twin, if it has one, could serve the call.
 bool rows_fit(const Call& p, const KernelVariant& v) {
-  return p.op == Op::fwd && p.layout == Layout::channel_first && p.row_align > 0 && p.row_align % v.align_bytes == 0;
+  return (p.op == Op::fwd || p.op == Op::bwd) && p.layout == Layout::channel_first && p.row_align > 0 &&
+         p.row_align % v.align_bytes == 0;
 }
 
 // Whether the call can run v: its alignment class meets v's, or v's realigned twin serves it.
@@ -171,7 +185,7 @@ class Twins {
     if (twinnable(*v)) {
       auto t = std::make_shared<KernelVariant>(*v);
       t->key += ".realign";
-      t->source = kRealignDefine + v->source;
+      t->source = realign_build(*v)->define + v->source;
       t->hash = sha256_hex(t->source);
       twin = std::move(t);
     }
@@ -371,7 +385,8 @@ std::shared_ptr<Decision> pick(const Call& p, const std::string& arch, const Cha
 std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, const Chain& chain) {
   std::shared_ptr<Decision> d = pick(p, arch, chain);
   if (is_realigned(*d->variant))
-    d->detail += "; realigned build: x's and out's rows start off its " + std::to_string(d->variant->align_bytes) +
+    d->detail += std::string("; realigned build: ") + (p.op == Op::bwd ? "x's, dout's and dx's" : "x's and out's") +
+                 " rows start off its " + std::to_string(d->variant->align_bytes) +
                  "-byte vectors (alike), the call's alignment is " + std::to_string(p.align) + " bytes";
   return d;
 }
@@ -517,7 +532,9 @@ std::shared_ptr<const KernelVariant> realigned_twin(const std::shared_ptr<const 
   return twins().of(v);
 }
 
-bool is_realigned(const KernelVariant& v) { return v.source.rfind(kRealignDefine, 0) == 0; }
+bool is_realigned(const KernelVariant& v) {
+  return v.source.rfind(kRealignDefine, 0) == 0 || v.source.rfind(kBwdRealignDefine, 0) == 0;
+}
 
 std::size_t family_of(const Call& c, char (&buf)[kFamilyBufSize]) {
   return family_key(op_name(c.op), c.layout, c.x_dtype, c.w_dtype, c.width, buf);

@@ -27,8 +27,9 @@ struct Call {
   int64_t batch = 0, dim = 0, seqlen = 0;
   unsigned features = 0;  // Feature bits (tuning_db.h)
   int align = 0;          // the call's alignment class in bytes (a power of two <= 256)
-  // Channel-first forward: how alike x's and out's rows lie (fwd_row_alignment), which
-  // a realigned twin needs in place of `align`; other calls: 0 (unused).
+  // Channel-first forward and backward: how alike the rows of the tensors the kernel
+  // walks with vectors lie (fwd_row_alignment: x and out; bwd_row_alignment: x, dout and
+  // dx), which a realigned twin needs in place of `align`; other calls: 0 (unused).
   int row_align = 0;
 };
 
@@ -38,13 +39,16 @@ Call fwd_call(const FwdArgs& a, Layout layout);
 // "fwd.cl.bf16wf32.w4" / "bwd.cf.f16wf16.w3" / "vfwd.cf.bf16wbf16.w4" for the call; returns its length.
 std::size_t family_of(const Call& c, char (&buf)[kFamilyBufSize]);
 
-// The realigned twin of a channel-first forward variant (fwd_cf_tiles.cuh.j2,
-// CC1D_FWD_REALIGN): its source led by kRealignDefine, key + ".realign". It serves rows
-// that start anywhere against its vectors (an odd seqlen's) where x's and out's rows lie
-// alike: its align_bytes is then what Call::row_align must meet. The dispatcher picks a
-// winner through its twin where only the row alignment meets it. Null for a variant
-// with no realigned build (another op or layout, or a DB source rendered before it).
+// The realigned twin of a channel-first forward or backward variant (fwd_cf_tiles.cuh.j2
+// CC1D_FWD_REALIGN, bwd_channel_first.cu.j2 CC1D_BWD_REALIGN): its source led by its op's
+// define (kRealignDefine, kBwdRealignDefine), key + ".realign". It serves rows that start
+// anywhere against its vectors (an odd seqlen's) where the rows it walks lie alike (x's
+// and out's; x's, dout's and dx's): its align_bytes is then what Call::row_align must
+// meet. The dispatcher picks a winner through its twin where only the row alignment
+// meets it. Null for a variant with no realigned build (another op or layout, or a DB
+// source rendered before it).
 constexpr const char* kRealignDefine = "#define CC1D_FWD_REALIGN 1\n";
+constexpr const char* kBwdRealignDefine = "#define CC1D_BWD_REALIGN 1\n";
 std::shared_ptr<const KernelVariant> realigned_twin(const std::shared_ptr<const KernelVariant>& v);
 bool is_realigned(const KernelVariant& v);
 

@@ -340,6 +340,20 @@ int bwd_alignment(const BwdArgs& a, Layout layout) {
   return low_bit_cap(bits, 256);
 }
 
+int bwd_row_alignment(const BwdArgs& a, Layout layout) {
+  if (layout != Layout::channel_first) return bwd_alignment(a, layout);
+  const BwdParams& p = a.p;
+  const uint64_t es = uint64_t(dtype_size(a.x_dtype));
+  const uint64_t x = uint64_t(reinterpret_cast<uintptr_t>(p.x));
+  const uint64_t bits = (x - uint64_t(reinterpret_cast<uintptr_t>(p.dout))) |
+                        (x - uint64_t(reinterpret_cast<uintptr_t>(p.dx))) |
+                        uint64_t(p.x_batch_stride - p.dout_batch_stride) * es |
+                        uint64_t(p.x_batch_stride - p.dx_batch_stride) * es |
+                        uint64_t(p.x_dim_stride - p.dout_dim_stride) * es |
+                        uint64_t(p.x_dim_stride - p.dx_dim_stride) * es;
+  return low_bit_cap(bits, 256);
+}
+
 // ---- varlen prefill ---------------------------------------------------------
 
 Layout validate_varlen(const VarlenArgs& a) {

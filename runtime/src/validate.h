@@ -36,6 +36,8 @@ Layout validate_bwd(const BwdArgs& a, bool launching);
 std::size_t bwd_family(const BwdArgs& a, Layout layout, char (&buf)[kFamilyBufSize]);
 // As fwd_alignment, over x, dout and dx.
 int bwd_alignment(const BwdArgs& a, Layout layout);
+// As fwd_row_alignment, over the offsets of dout's and dx's rows from x's.
+int bwd_row_alignment(const BwdArgs& a, Layout layout);
 
 // The varlen prefill's checks (cc1d.h, causal_conv1d_varlen). Returns x's layout.
 Layout validate_varlen(const VarlenArgs& a);
