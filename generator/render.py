@@ -58,6 +58,10 @@ def bwd_realign_max_regs(max_regs: int) -> int:
     return max(max_regs, 128)
 
 
+# The realigned builds' register caps, by (op, layout).
+REALIGN_CAPS = {("fwd", "cf"): realign_max_regs, ("bwd", "cf"): bwd_realign_max_regs}
+
+
 def template_context(variant: "Variant") -> dict:
     fam = variant.family
     params = variant.params
@@ -69,7 +73,7 @@ def template_context(variant: "Variant") -> dict:
     )
     if "max_regs" in params:
         ctx.update(occupancy_bounds(int(params["threads"]), int(params["max_regs"])))
-        realign_cap = {("fwd", "cf"): realign_max_regs, ("bwd", "cf"): bwd_realign_max_regs}.get((fam.op, fam.layout))
+        realign_cap = REALIGN_CAPS.get((fam.op, fam.layout))
         if realign_cap is not None:
             ctx["realign_min_blocks"] = occupancy_bounds(int(params["threads"]),
                                                          realign_cap(int(params["max_regs"])))["min_blocks"]

@@ -174,3 +174,12 @@ def launch_variant(rt, variant, case: Case, inp: dict, runtime_dict: dict | None
                   torch.cuda.current_stream().cuda_stream, as_plan=as_plan)
     torch.cuda.synchronize()
     return out, fs
+
+
+def rows_from(t: torch.Tensor, offset: int) -> torch.Tensor:
+    """t's values (contiguous (batch, dim, seqlen)) in a fresh NaN-filled buffer on the
+    device, `offset` elements in: rows that start off the vector boundary (realigned twins)."""
+    buf = torch.full((t.numel() + offset + 8,), float("nan"), dtype=t.dtype, device="cuda")
+    view = buf[offset:offset + t.numel()].view(t.shape)
+    view.copy_(t)
+    return view

@@ -22,7 +22,7 @@ from cc1d.generator.covering import all_covering  # noqa: E402
 from cc1d.generator.variant import realigned  # noqa: E402
 from cc1d.tuner.problems import bwd_splits  # noqa: E402  (the runtime's split rule)
 from cc1d.tuner.shapes import Shape  # noqa: E402
-from fwd_cases import TORCH_DTYPES, Case, make_inputs, poisoned, rel_l2  # noqa: E402
+from fwd_cases import TORCH_DTYPES, Case, make_inputs, poisoned, rel_l2, rows_from  # noqa: E402
 from fwd_cases import _layout as place  # noqa: E402
 from variant_sets import covering_and_shipped  # noqa: E402
 
@@ -177,15 +177,6 @@ def test_walked_segments_match_reference(rt, variant):
 
 # ---- realigned twins (CC1D_BWD_REALIGN) ------------------------------------------------
 
-def _rows_from(t: torch.Tensor, offset: int) -> torch.Tensor:
-    """t's values (contiguous (batch, dim, seqlen)) in a fresh NaN-filled buffer, `offset`
-    elements in."""
-    buf = torch.full((t.numel() + offset + 8,), float("nan"), dtype=t.dtype, device="cuda")
-    view = buf[offset:offset + t.numel()].view(t.shape)
-    view.copy_(t)
-    return view
-
-
 BWD_TWINNED = [v for v in covering_and_shipped("bwd", "cf")
                if v.geometry()["align_bytes"] > v.family.x_bytes]  # more than one element a vector
 
@@ -222,10 +213,10 @@ def test_realigned_twins_match_reference(rt, variant, twins_compiled):
         dout, dfinal = make_grads(case, inp, n)
         want = reference_grads(case, inp, dout, dfinal)
         offset = rng.randrange(1, ve)
-        x, dout = _rows_from(inp["x"].contiguous(), offset), _rows_from(dout.contiguous(), offset)
+        x, dout = rows_from(inp["x"].contiguous(), offset), rows_from(dout.contiguous(), offset)
         twin = realigned(variant.as_runtime_dict())
         for as_plan in (False, True):
-            dx = _rows_from(torch.full_like(x, float("nan")), offset)
+            dx = rows_from(torch.full_like(x, float("nan")), offset)
             got = launch_bwd_variant(rt, variant, case, dict(inp, x=x), dout, dfinal, runtime_dict=twin,
                                      as_plan=as_plan, dx=dx)
             check_grads(f"{twin['key']} {case.id()} offset {offset} {'plan' if as_plan else 'generic'}",

@@ -19,7 +19,7 @@ from conftest import precompile  # noqa: E402
 from cc1d.generator.covering import all_covering  # noqa: E402
 from cc1d.generator.variant import realigned  # noqa: E402
 from fwd_cases import (Case, assert_close, launch_variant, make_inputs, poisoned,  # noqa: E402
-                       reference)
+                       reference, rows_from)
 
 pytestmark = pytest.mark.gpu
 
@@ -103,20 +103,11 @@ def test_cf_tiles_cut_by_the_end_match_reference(rt, variant):
         _check_variant(rt, variant, case, seed=rng.randrange(1 << 30))
 
 
-def _rows_from(t: torch.Tensor, offset: int) -> torch.Tensor:
-    """t's values (contiguous (batch, dim, seqlen)) in a fresh NaN-filled buffer, `offset`
-    elements in."""
-    buf = torch.full((t.numel() + offset + 8,), float("nan"), dtype=t.dtype, device="cuda")
-    view = buf[offset:offset + t.numel()].view(t.shape)
-    view.copy_(t)
-    return view
-
-
 def _launch_twin(rt, variant, case, inp, offset, as_plan):
     """The realigned twin of `variant` on x and a poisoned out whose rows start `offset`
     elements into their buffers (alike); returns (out, final_states)."""
-    x = _rows_from(inp["x"].contiguous(), offset)
-    out = _rows_from(torch.full_like(x, float("nan")), offset)
+    x = rows_from(inp["x"].contiguous(), offset)
+    out = rows_from(torch.full_like(x, float("nan")), offset)
     return launch_variant(rt, variant, case, dict(inp, x=x), runtime_dict=realigned(variant.as_runtime_dict()),
                           as_plan=as_plan, out=out)
 

@@ -67,6 +67,12 @@ def test_the_tuner_times_an_odd_lengths_candidate_as_its_twin():
         ev.shape, ev._kernels = Shape("fwd", "cf", "bf16", "f32", 4, 2, 64, seqlen), {}
         want = twin_of(V16[3]) if twin else V16[3].as_runtime_dict()
         assert ev._kernel(V16[3]) == want
+    bwd = default_variant(BWD_BF16, "sm_90")
+    for seqlen, twin in ((4095, True), (4096, False)):
+        ev.shape, ev._kernels = Shape("bwd", "cf", "bf16", "f32", 4, 2, 64, seqlen), {}
+        want = twin_of(bwd) if twin else bwd.as_runtime_dict()
+        assert ev._kernel(bwd) == want
+        assert ev._kernel(bwd)["source"].startswith(BWD_REALIGN_DEFINE) == twin
 
 
 @pytest.fixture

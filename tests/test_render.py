@@ -7,7 +7,7 @@ import re
 import pytest
 
 from cc1d.generator import Family, Variant, default_variant, families, render, variants
-from cc1d.generator.render import realign_max_regs, template_context
+from cc1d.generator.render import bwd_realign_max_regs, realign_max_regs, template_context
 from cc1d.generator.space import occupancy_bounds
 
 
@@ -18,11 +18,13 @@ def test_render_every_variant(family):
         src = render(v)
         assert src.startswith(f"// cc1d kernel {v.key()} ")
         bounds = occupancy_bounds(v.params["threads"], v.params["max_regs"])
-        if (family.op, family.layout) == ("fwd", "cf"):  # the realigned build's cap is its own
-            twin = occupancy_bounds(v.params["threads"], realign_max_regs(v.params["max_regs"]))
-            assert (f"#if CC1D_FWD_REALIGN\n#define CC1D_FWD_MIN_BLOCKS {twin['min_blocks']}\n#else\n"
-                    f"#define CC1D_FWD_MIN_BLOCKS {bounds['min_blocks']}\n#endif\n") in src
-            bounds = dict(bounds, min_blocks="CC1D_FWD_MIN_BLOCKS")
+        if family.layout == "cf" and family.op in ("fwd", "bwd"):  # the realigned build's cap is its own
+            op = family.op.upper()
+            cap = (realign_max_regs if family.op == "fwd" else bwd_realign_max_regs)(v.params["max_regs"])
+            twin = occupancy_bounds(v.params["threads"], cap)
+            assert (f"#if CC1D_{op}_REALIGN\n#define CC1D_{op}_MIN_BLOCKS {twin['min_blocks']}\n#else\n"
+                    f"#define CC1D_{op}_MIN_BLOCKS {bounds['min_blocks']}\n#endif\n") in src
+            bounds = dict(bounds, min_blocks=f"CC1D_{op}_MIN_BLOCKS")
         assert ('extern "C" __global__ void CC1D_BOUNDS(THREADS, {min_blocks}, {waves_per_eu})'
                 .format(**bounds)) in src
         assert "{{" not in src and "{%" not in src
@@ -129,3 +131,12 @@ def test_dispatchers_segment_length_is_the_kernels():
             per_row = v.params["threads"] // v.params["rows"]
             seg_l = min(per_row, 32) * ctx["vec_elems"] * v.params["nvec"]
             assert cf_fwd_segment_positions(g, "sm_90") == seg_l, v.key()
+
+
+def test_backward_twins_cap_is_128_registers_at_least():
+    """The realigned backward build spilled at the shipped caps of 64 and 96 (ptxas, sm_90)."""
+    assert [bwd_realign_max_regs(c) for c in (64, 96, 128, 255)] == [128, 128, 128, 255]
+    v = Variant.of(Family("bwd", "cf", "bf16", "bf16", 4), threads=128, vec_bytes=16, nvec=2, rows=4,
+                   max_regs=96, split_blocks=512)
+    ctx = template_context(v)
+    assert ctx["realign_min_blocks"] == occupancy_bounds(128, 128)["min_blocks"] < ctx["min_blocks"]
