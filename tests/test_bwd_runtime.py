@@ -329,6 +329,31 @@ def test_tuned_backward_winners_are_found_along_the_chain(rt, tmp_path):
     assert fwd["reason"] == "default" and fwd["key"].startswith("fwd.")
 
 
+def test_a_nearest_backward_whose_tiles_outrun_the_sequence_says_so(rt, tmp_path):
+    """A channel-first backward entry tuned for long rows (16384-position tiles of four
+    4096-position segments) serving seqlen 4096: explain names the 3 idle segments a block
+    (the ranking does not use it); at seqlen 8192 (2 of 4 busy) and 16384 it says nothing."""
+    from cc1d.tuner.db import TuningDB
+    from cc1d.generator import Variant
+    fam = Family("bwd", "cf", "bf16", "bf16", 4)
+    long_rows = Variant.of(fam, threads=128, vec_bytes=16, nvec=16, rows=1, max_regs=96, split_blocks=512)
+    assert long_rows.geometry()["tile_l"] == 16384
+    path = tmp_path / "bwd.db"
+    with TuningDB(path) as db:
+        db.put_winner(long_rows.source, arch=ARCH, family_key=fam.key(), shape_key="b1.d5376.l32768.bias.silu",
+                      op="bwd", batch=1, dim=5376, seqlen=32768, features="bias,silu", variant_key=long_rows.key(),
+                      config=long_rows.params, source_hash=long_rows.hash(), **long_rows.geometry(),
+                      time_us=10.0, environment={"device": "test"})
+    rt.set_tuning_dbs([str(path)])
+    e = rt.explain_bwd(*args(sizes=(8, 5120, 4096, 4), w_dtype=BF16), arch=ARCH)
+    assert (e["reason"], e["key"]) == ("nearest", long_rows.key())
+    assert ("its tiles (16384 positions) are longer than this call's sequence: 3 of each block's 4 segments "
+            "hold no position: cc1d-tune this shape") in e["detail"], e["detail"]
+    for seqlen in (8192, 16384):
+        e = rt.explain_bwd(*args(sizes=(8, 5120, seqlen, 4), w_dtype=BF16), arch=ARCH)
+        assert e["key"] == long_rows.key() and "hold no position" not in e["detail"], e["detail"]
+
+
 # ---- the partial-sum layout (split_blocks) from a tuning DB ---------------------
 
 def _tuned_db(path, variant, b=2, d=16, l=128):

@@ -130,7 +130,8 @@ double shape_distance(int64_t b, int64_t d, int64_t l, const TunedEntry& e) {
 // 9.9). Such an entry ranks behind every entry whose segment fits the call.
 constexpr double kMisfitRank = 500.0;  // above any shape distance, below a feature mismatch
 
-int64_t cf_fwd_segment_positions(const KernelVariant& v, const std::string& arch) {
+// (The channel-first backward splits a row's threads alike.)
+int64_t cf_segment_positions(const KernelVariant& v, const std::string& arch) {
   const int rows = v.tile_d > 0 ? v.tile_d : 1;
   const int per_row = v.threads / rows > 0 ? v.threads / rows : 1;
   const int warp = arch.rfind("gfx9", 0) == 0 ? 64 : 32;  // CDNA wavefronts are 64 lanes
@@ -138,7 +139,22 @@ int64_t cf_fwd_segment_positions(const KernelVariant& v, const std::string& arch
 }
 
 bool segment_misfits(const Call& p, const std::string& arch, const KernelVariant& v) {
-  return p.op == Op::fwd && p.layout == Layout::channel_first && p.seqlen < cf_fwd_segment_positions(v, arch);
+  return p.op == Op::fwd && p.layout == Layout::channel_first && p.seqlen < cf_segment_positions(v, arch);
+}
+
+// A channel-first backward block's segments past the call's sequence hold no position:
+// where a tile has more than twice as many segments as the sequence fills, most of each
+// block's warps idle (an entry tuned for longer rows, say (1, 5376, 32768)'s 16384-position
+// tiles at seqlen 4096: 3 of 4). Named in the nearest entry's detail; not used in the
+// ranking, which has not been measured with it (session 61). Returns the idle segments
+// of a block's `*segments`, or 0.
+int64_t idle_bwd_segments(const Call& p, const std::string& arch, const KernelVariant& v, int64_t* segments) {
+  if (p.op != Op::bwd || p.layout != Layout::channel_first) return 0;
+  const int64_t seg = cf_segment_positions(v, arch);
+  if (seg <= 0 || v.tile_l <= seg) return 0;
+  const int64_t total = int64_t(v.tile_l) / seg, busy = std::min(total, (p.seqlen + seg - 1) / seg);
+  *segments = total;
+  return 2 * busy < total ? total - busy : 0;
 }
 
 // ---- realigned twins (dispatch.h) --------------------------------------------
@@ -348,9 +364,14 @@ std::shared_ptr<Decision> pick(const Call& p, const std::string& arch, const Cha
       d->detail += " (tuned with features [" + features_string(best->features) + "]; none tuned with [" +
                    features_string(features) + "])";
     if (segment_misfits(p, arch, *best->variant))
-      d->detail += "; its kernel's segments (" + std::to_string(cf_fwd_segment_positions(*best->variant, arch)) +
+      d->detail += "; its kernel's segments (" + std::to_string(cf_segment_positions(*best->variant, arch)) +
                    " positions) are longer than this call's sequence, so every row takes the edge path, and "
                    "no tuned entry's segment fits: cc1d-tune this shape";
+    int64_t segments = 0;
+    if (const int64_t idle = idle_bwd_segments(p, arch, *best->variant, &segments))
+      d->detail += "; its tiles (" + std::to_string(best->variant->tile_l) + " positions) are longer than this "
+                   "call's sequence: " + std::to_string(idle) + " of each block's " + std::to_string(segments) +
+                   " segments hold no position: cc1d-tune this shape";
     if (best_distance > kFarDistance) {
       char dist[32];
       std::snprintf(dist, sizeof dist, "%.2f", best_distance);
