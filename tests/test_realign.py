@@ -215,6 +215,16 @@ def _twins(variants):
     return [v for v in variants if v.geometry()["align_bytes"] > v.family.x_bytes]
 
 
+class _Twin:
+    """What compile_for_amd takes for a variant's realigned twin: its source and key."""
+
+    def __init__(self, v, define):
+        self.v, self.source = v, define + v.source
+
+    def key(self):
+        return self.v.key() + ".realign"
+
+
 def test_default_and_covering_twins_compile_for_sm90(nvrtc):
     """The untuned kernels' twins without local memory; the covering set's (tuning
     candidates, which may spill plain too) compile."""
@@ -233,15 +243,7 @@ def test_default_and_covering_twins_compile_for_sm90(nvrtc):
 @pytest.mark.amd
 def test_default_twins_compile_for_gfx942(trixie):
     defaults = _twins([default_variant(f, "gfx942") for f in CF_FWD])
-
-    class Twin:
-        def __init__(self, v):
-            self.v, self.source = v, DEFINE + v.source
-
-        def key(self):
-            return self.v.key() + ".realign"
-
-    compile_for_amd(trixie, "gfx942", [Twin(v) for v in defaults])
+    compile_for_amd(trixie, "gfx942", [_Twin(v, DEFINE) for v in defaults])
 
 
 ALL_INPUTS = dict(seq_idx=True, initial_states=True, final_states=True)
@@ -284,16 +286,12 @@ def test_fixed_twins_compile_for_gfx942(trixie, rt):
 CF_BWD = [f for f in families("bwd") if f.layout == "cf"]
 
 
-def _bwd_twins(variants):
-    return [v for v in variants if v.geometry()["align_bytes"] > v.family.x_bytes]
-
-
 def test_backward_default_twins_compile_for_sm90(nvrtc):
     """The untuned backward kernels' twins, plain and seq_idx builds, with no more local
     memory than the same build of the variant itself (none, but for a few seq_idx builds);
     the covering set's (tuning candidates, which may spill plain too) compile."""
-    defaults = _bwd_twins([default_variant(f, "sm_90") for f in CF_BWD])
-    covering = _bwd_twins([v for v in all_covering("sm_90") if v.family.op == "bwd" and v.family.layout == "cf"])
+    defaults = _twins([default_variant(f, "sm_90") for f in CF_BWD])
+    covering = _twins([v for v in all_covering("sm_90") if v.family.op == "bwd" and v.family.layout == "cf"])
     assert defaults and covering
     spills = []
     for v in defaults:
@@ -311,13 +309,5 @@ def test_backward_default_twins_compile_for_sm90(nvrtc):
 def test_backward_default_twins_compile_for_gfx942(trixie):
     """HIP's 64-lane wavefronts hold two rows of a 32-thread row's variant: the twin's
     shuffling loops are made alike across them (bcf_warp_min)."""
-    defaults = _bwd_twins([default_variant(f, "gfx942") for f in CF_BWD])
-
-    class Twin:
-        def __init__(self, v):
-            self.v, self.source = v, BWD_REALIGN_DEFINE + v.source
-
-        def key(self):
-            return self.v.key() + ".realign"
-
-    compile_for_amd(trixie, "gfx942", [Twin(v) for v in defaults])
+    defaults = _twins([default_variant(f, "gfx942") for f in CF_BWD])
+    compile_for_amd(trixie, "gfx942", [_Twin(v, BWD_REALIGN_DEFINE) for v in defaults])

@@ -238,21 +238,7 @@ void launch_bwd(const KernelVariant& v, const BwdArgs& args, LaunchAs as) {
   check_variant_shape(v);
   char family[kFamilyBufSize];
   check_variant_serves(v, family, bwd_family(args, layout, family));
-  if (is_realigned(v)) {
-    if (layout != Layout::channel_first)
-      throw InvalidArgument("variant " + v.key + " is a realigned channel-first build; x is channel-last");
-    const int rows = bwd_row_alignment(args, layout);
-    if (rows % v.align_bytes != 0)
-      throw InvalidArgument("variant " + v.key + " needs x's, dout's and dx's rows to lie alike against " +
-                            std::to_string(v.align_bytes) + "-byte vectors (their base addresses, batch and "
-                            "channel strides equal modulo that), the call's agree to " + std::to_string(rows) +
-                            " bytes");
-  } else {
-    const int align = bwd_alignment(args, layout);
-    if (align % v.align_bytes != 0)
-      throw InvalidArgument("variant " + v.key + " needs x/dout/dx base addresses and batch/outer strides aligned to " +
-                            std::to_string(v.align_bytes) + " bytes, the call gives " + std::to_string(align));
-  }
+  check_variant_alignment(v, Op::bwd, layout, bwd_alignment(args, layout), bwd_row_alignment(args, layout));
   check_workspace(args, v, layout);
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);

@@ -43,6 +43,9 @@ const char* op_tensors(Op op) {
   return op == Op::bwd ? "x/dout/dx" : op == Op::upd ? "x/out/conv_state" : "x/out";
 }
 
+// The rows a channel-first realigned build walks with vectors, which must lie alike.
+const char* op_rows(Op op) { return op == Op::bwd ? "x's, dout's and dx's" : "x's and out's"; }
+
 // ---- the default catalog --------------------------------------------------
 
 const std::vector<KernelVariant>& catalog_variants() {
@@ -162,13 +165,16 @@ int64_t idle_bwd_segments(const Call& p, const std::string& arch, const KernelVa
 // How v's realigned build is made, by its op; null for one that has none (varlen's
 // sources include the forward's tiles, but keep their own tiling).
 struct RealignBuild {
-  const char* define;  // what leads the twin's source (dispatch.h)
-  const char* macro;   // its name, which a source that knows the build holds
+  const char* family_prefix;  // the variants that have it
+  const char* define;         // what leads the twin's source (dispatch.h)
+  const char* macro;          // its name, which a source that knows the build holds
 };
+constexpr RealignBuild kRealignBuilds[] = {{"fwd.cf.", kRealignDefine, "CC1D_FWD_REALIGN"},
+                                           {"bwd.cf.", kBwdRealignDefine, "CC1D_BWD_REALIGN"}};
+
 const RealignBuild* realign_build(const KernelVariant& v) {
-  static const RealignBuild fwd{kRealignDefine, "CC1D_FWD_REALIGN"}, bwd{kBwdRealignDefine, "CC1D_BWD_REALIGN"};
-  if (v.key.rfind("fwd.cf.", 0) == 0) return &fwd;
-  if (v.key.rfind("bwd.cf.", 0) == 0) return &bwd;
+  for (const RealignBuild& b : kRealignBuilds)
+    if (v.key.rfind(b.family_prefix, 0) == 0) return &b;
   return nullptr;
 }
 
@@ -406,8 +412,7 @@ std::shared_ptr<Decision> pick(const Call& p, const std::string& arch, const Cha
 std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, const Chain& chain) {
   std::shared_ptr<Decision> d = pick(p, arch, chain);
   if (is_realigned(*d->variant))
-    d->detail += std::string("; realigned build: ") + (p.op == Op::bwd ? "x's, dout's and dx's" : "x's and out's") +
-                 " rows start off its " + std::to_string(d->variant->align_bytes) +
+    d->detail += std::string("; realigned build: ") + op_rows(p.op) + " rows start off its " + std::to_string(d->variant->align_bytes) +
                  "-byte vectors (alike), the call's alignment is " + std::to_string(p.align) + " bytes";
   return d;
 }
@@ -554,7 +559,9 @@ std::shared_ptr<const KernelVariant> realigned_twin(const std::shared_ptr<const 
 }
 
 bool is_realigned(const KernelVariant& v) {
-  return v.source.rfind(kRealignDefine, 0) == 0 || v.source.rfind(kBwdRealignDefine, 0) == 0;
+  for (const RealignBuild& b : kRealignBuilds)
+    if (v.source.rfind(b.define, 0) == 0) return true;
+  return false;
 }
 
 std::size_t family_of(const Call& c, char (&buf)[kFamilyBufSize]) {
@@ -757,6 +764,22 @@ void check_variant_shape(const KernelVariant& v) {
 void check_variant_serves(const KernelVariant& v, const char* family, std::size_t n) {
   if (v.key.compare(0, n, family) != 0 || (v.key.size() > n && v.key[n] != '.'))
     throw InvalidArgument("variant " + v.key + " does not serve this call, whose family is " + family);
+}
+
+void check_variant_alignment(const KernelVariant& v, Op op, Layout layout, int align, int row_align) {
+  if (is_realigned(v)) {
+    if (layout != Layout::channel_first)
+      throw InvalidArgument("variant " + v.key + " is a realigned channel-first build; x is channel-last");
+    if (row_align % v.align_bytes != 0)
+      throw InvalidArgument("variant " + v.key + " needs " + op_rows(op) + " rows to lie alike against " +
+                            std::to_string(v.align_bytes) + "-byte vectors (their base addresses, batch and "
+                            "channel strides equal modulo that), the call's agree to " + std::to_string(row_align) +
+                            " bytes");
+  } else if (align % v.align_bytes != 0) {
+    throw InvalidArgument("variant " + v.key + " needs " + op_tensors(op) + " base addresses and batch/outer strides "
+                          "aligned to " + std::to_string(v.align_bytes) + " bytes, the call gives " +
+                          std::to_string(align));
+  }
 }
 
 DispatchStats dispatch_stats() {

@@ -191,5 +191,9 @@ Location prepare_location(const void* x, int device);
 void check_variant_shape(const KernelVariant& v);
 // v's key starts with the call's family: "<family>.<params>".
 void check_variant_serves(const KernelVariant& v, const char* family, std::size_t family_len);
+// A forward's or backward's call meets v's alignment: `align` (the call's class, fwd_alignment /
+// bwd_alignment) for a plain variant, `row_align` (fwd_row_alignment / bwd_row_alignment) and
+// a channel-first layout for a realigned twin.
+void check_variant_alignment(const KernelVariant& v, Op op, Layout layout, int align, int row_align);
 
 }  // namespace cc1d

@@ -152,21 +152,7 @@ void launch_fwd(const KernelVariant& v, const FwdArgs& args, LaunchAs as) {
   check_variant_shape(v);
   char family[kFamilyBufSize];
   check_variant_serves(v, family, fwd_family(args, layout, family));
-  if (is_realigned(v)) {
-    if (layout != Layout::channel_first)
-      throw InvalidArgument("variant " + v.key + " is a realigned channel-first build; x is channel-last");
-    const int rows = fwd_row_alignment(args, layout);
-    if (rows % v.align_bytes != 0)
-      throw InvalidArgument("variant " + v.key + " needs x's and out's rows to lie alike against " +
-                            std::to_string(v.align_bytes) + "-byte vectors (their base addresses, batch and "
-                            "channel strides equal modulo that), the call's agree to " + std::to_string(rows) +
-                            " bytes");
-  } else {
-    const int align = fwd_alignment(args, layout);
-    if (align % v.align_bytes != 0)
-      throw InvalidArgument("variant " + v.key + " needs x/out base addresses and batch/outer strides aligned to " +
-                            std::to_string(v.align_bytes) + " bytes, the call gives " + std::to_string(align));
-  }
+  check_variant_alignment(v, Op::fwd, layout, fwd_alignment(args, layout), fwd_row_alignment(args, layout));
   const Location l = locate(args.p.x);
   if (l.device < 0) throw_no_device(args.p.x);
   const bool fixed = as == LaunchAs::plan && plans_fix(layout, args);
