@@ -58,6 +58,24 @@ def bwd_realign_max_regs(max_regs: int) -> int:
     return max(max_regs, 128)
 
 
+def bwd_twin_takes_cuts(family, config: dict) -> bool:
+    """Whether the runtime serves a channel-first backward variant's aligned calls whose
+    sequence cuts a segment (seqlen not a whole number of segments) through its realigned
+    twin (dispatch.cpp cut_twin, read from the source's CC1D_BWD_CUT_TWIN). The twin moves
+    the cut segment back onto the fast path where the plain build sends it to its edge
+    path: held segments only (on NVIDIA GPUs, where the space gives every row a warp at
+    least), and only at the variant's own register cap (128 or more), so that as many
+    blocks fit. Session 62, H200, (2, 4096, 2000) / (2, 4096, 4000) / (8, 5120, 2000) /
+    (8, 5120, 3000): `t64.v16.n4.r1.g128`'s twin 40.2 / 77.6 / 168.5 / 326.4 us, its
+    plain build 101.3 / 129.2 / 480.3 / 621.7 (the peer 40.1 / 63.2 / 159.9 / 216.3). At a
+    cap of 96 the twin (128) fits fewer blocks and won two of four (`t128.v16.n2.r4.g96`:
+    58.7 / 117.3 / 298.9 / 451.6 against 63.8 / 107.1 / 297.5 / 395.2); walked segments
+    lost all four (their twin moves nothing). Vectors of one element were not measured."""
+    cap = int(config["max_regs"])
+    return (int(config["vec_bytes"]) > family.x_bytes and not bwd_cf_walked(config) and
+            bwd_realign_max_regs(cap) == cap)
+
+
 # The realigned builds' register caps, by (op, layout).
 REALIGN_CAPS = {("fwd", "cf"): realign_max_regs, ("bwd", "cf"): bwd_realign_max_regs}
 
@@ -80,7 +98,8 @@ def template_context(variant: "Variant") -> dict:
     if "vec_bytes" in params:
         ctx["vec_elems"] = int(params["vec_bytes"]) // fam.x_bytes
     if (fam.op, fam.layout) == ("bwd", "cf"):
-        ctx.update(walked=bwd_cf_walked(params), walk_stages=BWD_CF_WALK_STAGES)
+        ctx.update(walked=bwd_cf_walked(params), walk_stages=BWD_CF_WALK_STAGES,
+                   twin_takes_cuts=bwd_twin_takes_cuts(fam, params))
     return ctx
 
 

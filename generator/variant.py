@@ -7,7 +7,18 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterator
 
+from .render import bwd_twin_takes_cuts
 from .space import ARCHS, Arch, Family, space_for
+
+
+def cf_segment_positions(geometry: dict, arch: str) -> int:
+    """Positions one segment of a channel-first forward or backward kernel covers, from its
+    geometry or winners row (runtime/src/dispatch.cpp cf_segment_positions): its row's
+    threads in segments of one warp, or the row where it is shorter (64-lane wavefronts
+    on gfx9)."""
+    per_row = max(geometry["threads"] // max(geometry["tile_d"], 1), 1)
+    warp = 64 if arch.startswith("gfx9") else 32
+    return geometry["tile_l"] * min(per_row, warp) // per_row
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,16 @@ class Variant:
         realigned twin."""
         return (self.family.op in ("fwd", "bwd") and self.family.layout == "cf" and
                 seqlen * self.family.x_bytes % self.geometry()["align_bytes"] != 0)
+
+    def twin_takes_cut(self, seqlen: int, arch: str, seq_idx: bool = False, final_states: bool = False) -> bool:
+        """Whether the runtime serves this channel-first backward variant's aligned calls of
+        this seqlen through its realigned twin because the sequence cuts one of its segments
+        (dispatch.cpp cut_twin; render.py bwd_twin_takes_cuts says for which variants)."""
+        if (self.family.op, self.family.layout) != ("bwd", "cf") or arch.startswith("gfx") or seq_idx or \
+                final_states or not bwd_twin_takes_cuts(self.family, self.params):
+            return False
+        seg = cf_segment_positions(self.geometry(), arch)
+        return seqlen > seg and seqlen % seg != 0
 
 
 # What leads a realigned twin's source, by op: the runtime's kRealignDefine and

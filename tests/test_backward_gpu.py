@@ -239,6 +239,25 @@ def test_odd_lengths_run_a_realigned_twin_through_the_api(rt):
         check_grads(f"api {case.id()}", case, got, reference_grads(case, inp, dout, dfinal))
 
 
+def test_cut_lengths_run_the_twin_through_the_api(rt):
+    """Aligned rows whose sequence cuts a held winner's segment: the dispatcher serves the
+    twin (it moves the segment back onto the fast path) and the gradients match, with and
+    without seq_idx (which keeps the plain build)."""
+    for seqlen, dim, seq_idx in ((2000, 256, False), (3000, 40, False), (1032, 5, False), (2000, 64, True)):
+        case = Case(x_dtype="bf16", w_dtype="bf16", dim=dim, seqlen=seqlen, batch=2, bias=True, silu=True,
+                    seq_idx=seq_idx)
+        inp = make_inputs(case, seed=seqlen + dim)
+        x, w, b = inp["x"].contiguous(), inp["weight"], inp["bias"]
+        dout, dfinal = make_grads(case, inp, seqlen)
+        dout = dout.contiguous()
+        e = rt.explain_bwd(*backward._bwd_call_args(x, w, b, inp.get("seq_idx"), None, dout, None,
+                                                     torch.empty_like(x), None, torch.empty_like(w),
+                                                     torch.empty_like(b), None, True))
+        assert e["key"].endswith(".realign") != seq_idx and e["alignment"] >= 16, e
+        got = grads_through_api(case, dict(inp, x=x), dout, dfinal)
+        check_grads(f"api {case.id()}", case, got, reference_grads(case, inp, dout, dfinal))
+
+
 def _bwd(layout, x_dtype, w_dtype, width, **config):
     """A backward variant of this layout, dtypes and width with this config."""
     from cc1d.generator import Family, Variant

@@ -329,29 +329,63 @@ def test_tuned_backward_winners_are_found_along_the_chain(rt, tmp_path):
     assert fwd["reason"] == "default" and fwd["key"].startswith("fwd.")
 
 
-def test_a_nearest_backward_whose_tiles_outrun_the_sequence_says_so(rt, tmp_path):
-    """A channel-first backward entry tuned for long rows (16384-position tiles of four
-    4096-position segments) serving seqlen 4096: explain names the 3 idle segments a block
-    (the ranking does not use it); at seqlen 8192 (2 of 4 busy) and 16384 it says nothing."""
+def _bwd_cf_db(path, entries):
+    """A tuning DB of bf16 channel-first backward winners: (variant, (batch, dim, seqlen))."""
     from cc1d.tuner.db import TuningDB
+    with TuningDB(path) as db:
+        for v, (b, d, l) in entries:
+            db.put_winner(v.source, arch=ARCH, family_key=v.family.key(), shape_key=f"b{b}.d{d}.l{l}.bias.silu",
+                          op="bwd", batch=b, dim=d, seqlen=l, features="bias,silu", variant_key=v.key(),
+                          config=v.params, source_hash=v.hash(), **v.geometry(), time_us=10.0,
+                          environment={"device": "test"})
+    return str(path)
+
+
+def _bwd_cf(**config):
     from cc1d.generator import Variant
     fam = Family("bwd", "cf", "bf16", "bf16", 4)
-    long_rows = Variant.of(fam, threads=128, vec_bytes=16, nvec=16, rows=1, max_regs=96, split_blocks=512)
-    assert long_rows.geometry()["tile_l"] == 16384
-    path = tmp_path / "bwd.db"
-    with TuningDB(path) as db:
-        db.put_winner(long_rows.source, arch=ARCH, family_key=fam.key(), shape_key="b1.d5376.l32768.bias.silu",
-                      op="bwd", batch=1, dim=5376, seqlen=32768, features="bias,silu", variant_key=long_rows.key(),
-                      config=long_rows.params, source_hash=long_rows.hash(), **long_rows.geometry(),
-                      time_us=10.0, environment={"device": "test"})
-    rt.set_tuning_dbs([str(path)])
-    e = rt.explain_bwd(*args(sizes=(8, 5120, 4096, 4), w_dtype=BF16), arch=ARCH)
-    assert (e["reason"], e["key"]) == ("nearest", long_rows.key())
-    assert ("its tiles (16384 positions) are longer than this call's sequence: 3 of each block's 4 segments "
-            "hold no position: cc1d-tune this shape") in e["detail"], e["detail"]
-    for seqlen in (8192, 16384):
+    return Variant.of(fam, **{"vec_bytes": 16, "rows": 1, "max_regs": 128, "split_blocks": 512, **config})
+
+
+LONG_TILES = _bwd_cf(threads=128, nvec=16, max_regs=96)   # 16384-position tiles of four 4096-position segments
+TILES_2048 = _bwd_cf(threads=64, nvec=4)                   # 2048-position tiles of two 1024-position segments
+TILES_512 = _bwd_cf(threads=128, nvec=2, rows=4, max_regs=96)  # 512 a row, one 512-position segment
+
+
+def test_nearest_backward_passes_over_tiles_more_than_twice_the_sequence(rt, tmp_path):
+    """A channel-first backward block runs its tile's segments side by side: an entry whose
+    tiles are more than twice the call's sequence ranks behind every entry that fits, however
+    near (session 62, H200: (8, 5120, 4096) took 430.9 us on the (1, 5376, 32768) winner's
+    16384-position tiles, 286.4 on the (8, 5120, 2048) winner's)."""
+    assert (LONG_TILES.geometry()["tile_l"], TILES_2048.geometry()["tile_l"]) == (16384, 2048)
+    rt.set_tuning_dbs([_bwd_cf_db(tmp_path / "t.db", [(LONG_TILES, (1, 5376, 32768)), (TILES_2048, (8, 5120, 2048))])])
+    for seqlen, want in ((4096, TILES_2048), (8000, TILES_2048), (8192, LONG_TILES), (16384, LONG_TILES)):
         e = rt.explain_bwd(*args(sizes=(8, 5120, seqlen, 4), w_dtype=BF16), arch=ARCH)
-        assert e["key"] == long_rows.key() and "hold no position" not in e["detail"], e["detail"]
+        # (8000 cuts a segment: the twin serves, test_realign.py)
+        assert (e["reason"], e["key"].removesuffix(".realign")) == ("nearest", want.key()), (seqlen, e["key"])
+        assert "more than twice" not in e["detail"], e["detail"]
+
+
+def test_nearest_backward_passes_over_segments_longer_than_the_sequence(rt, tmp_path):
+    """As the forward's: no row would run a whole segment on the fast path (session 62,
+    H200: (2, 4096, 1001) took 49.2 us on 2048-position segments, 39.6 on 512)."""
+    rt.set_tuning_dbs([_bwd_cf_db(tmp_path / "t.db", [(TILES_2048, (2, 4096, 2048)), (TILES_512, (1, 5120, 512))])])
+    for seqlen, want in ((1000, TILES_512), (1016, TILES_512), (1024, TILES_2048), (1536, TILES_2048)):
+        e = rt.explain_bwd(*args(sizes=(2, 4096, seqlen, 4), w_dtype=BF16), arch=ARCH)
+        assert e["key"].removesuffix(".realign") == want.key(), (seqlen, e["key"])
+
+
+def test_a_misfit_nearest_backward_says_why_where_none_fits(rt, tmp_path):
+    rt.set_tuning_dbs([_bwd_cf_db(tmp_path / "t.db", [(LONG_TILES, (1, 5376, 32768))])])
+    e = rt.explain_bwd(*args(sizes=(8, 5120, 4096, 4), w_dtype=BF16), arch=ARCH)
+    assert (e["reason"], e["key"]) == ("nearest", LONG_TILES.key())
+    assert ("its tiles (16384 positions) are more than twice this call's sequence, so most of each block's "
+            "segments hold no position, and no tuned entry's kernel fits the call: cc1d-tune this shape") in e["detail"]
+    e = rt.explain_bwd(*args(sizes=(8, 5120, 2048, 4), w_dtype=BF16), arch=ARCH)
+    assert ("its kernel's segments (4096 positions) are longer than this call's sequence, so no row runs a whole "
+            "segment on the fast path, and no tuned entry's kernel fits the call: cc1d-tune this shape") in e["detail"]
+    e = rt.explain_bwd(*args(sizes=(8, 5120, 8192, 4), w_dtype=BF16), arch=ARCH)
+    assert "no tuned entry's kernel fits the call" not in e["detail"], e["detail"]
 
 
 # ---- the partial-sum layout (split_blocks) from a tuning DB ---------------------

@@ -62,7 +62,7 @@ def test_the_tuner_times_an_odd_lengths_candidate_as_its_twin():
     from cc1d.tuner.evaluate import GpuEvaluator
     from cc1d.tuner.shapes import Shape
     ev = GpuEvaluator.__new__(GpuEvaluator)  # no GPU: only the kernel choice
-    ev._kernels = {}
+    ev._kernels, ev.target = {}, "sm_90"
     for seqlen, twin in ((4095, True), (4096, False)):
         ev.shape, ev._kernels = Shape("fwd", "cf", "bf16", "f32", 4, 2, 64, seqlen), {}
         want = twin_of(V16[3]) if twin else V16[3].as_runtime_dict()
@@ -204,6 +204,105 @@ def test_launch_checks_a_backward_twins_row_alignment(drt):
     with pytest.raises(ValueError, match="needs x's, dout's and dx's rows to lie alike against 16-byte vectors .*"
                                          "the call's agree to 4 bytes"):
         drt.launch_bwd(twin, *a, 1 << 30, 0)
+
+
+# ---- a backward's cut segment (CC1D_BWD_CUT_TWIN) ---------------------------------
+
+def _bwd_variant(**config):
+    from cc1d.generator import Variant
+    return Variant.of(BWD_BF16, **{"vec_bytes": 16, "rows": 1, "split_blocks": 2048, **config})
+
+
+HELD_128 = _bwd_variant(threads=64, nvec=4, max_regs=128)            # 1024-position segments
+HELD_96 = _bwd_variant(threads=128, nvec=2, rows=4, max_regs=96)     # 512
+WALKED = _bwd_variant(threads=64, nvec=16, max_regs=128)             # 4096, walked
+
+
+def _bwd_db(path, entries):
+    from cc1d.tuner.db import TuningDB
+    from test_bwd_runtime import ARCH as BWD_ARCH
+    with TuningDB(path) as db:
+        for v, (b, d, l) in entries:
+            db.put_winner(v.source, arch=BWD_ARCH, family_key=BWD_BF16.key(), shape_key=f"b{b}.d{d}.l{l}.bias.silu",
+                          op="bwd", batch=b, dim=d, seqlen=l, features="bias,silu", variant_key=v.key(),
+                          config=v.params, source_hash=v.hash(), **v.geometry(), time_us=10.0,
+                          environment={"device": "test"})
+    return str(path)
+
+
+def test_the_source_says_which_backward_twins_take_cut_segments():
+    """Held segments at the variant's own cap (128 or more): its twin moves the cut segment
+    at the same occupancy. Below 128 registers, walked segments or one-element vectors
+    (unmeasured): the plain build."""
+    from cc1d.generator.render import bwd_twin_takes_cuts
+    for v, takes in ((HELD_128, True), (HELD_96, False), (WALKED, False),
+                     (_bwd_variant(threads=128, nvec=2, max_regs=255), True),
+                     (_bwd_variant(threads=64, vec_bytes=2, nvec=4, max_regs=128), False)):
+        assert bwd_twin_takes_cuts(v.family, v.params) == takes, v.key()
+        assert f"#define CC1D_BWD_CUT_TWIN {int(takes)}\n" in v.source, v.key()
+
+
+def test_an_aligned_backward_whose_sequence_cuts_a_segment_runs_the_twin(drt, tmp_path):
+    """The (2, 64, 4096) winner's 1024-position segments: seqlen 4000 cuts the last one,
+    so the call runs the twin; whole segments, a sequence of one segment or less, seq_idx
+    or dfinal_states keep the plain build."""
+    from test_bwd_runtime import ARCH as BWD_ARCH, DFS, SEQ, args, with_ptr
+    drt.set_tuning_dbs([_bwd_db(tmp_path / "t.db", [(HELD_128, (2, 64, 4096))])])
+    for seqlen in (4000, 3000, 1032):
+        e = drt.explain_bwd(*args(sizes=(2, 64, seqlen, 4)), arch=BWD_ARCH)
+        assert e["variant"] == realigned(HELD_128.as_runtime_dict()), (seqlen, e["key"])
+        assert e["alignment"] % 16 == 0  # aligned rows: no twin for alignment
+        assert ("realigned build: it moves the segment this call's sequence cuts (1024 positions) back onto its "
+                "fast path, which its plain build runs on the edge path") in e["detail"], e["detail"]
+    for seqlen in (4096, 3072, 1024, 1000, 8):
+        e = drt.explain_bwd(*args(sizes=(2, 64, seqlen, 4)), arch=BWD_ARCH)
+        assert e["variant"] == HELD_128.as_runtime_dict(), (seqlen, e["key"])
+    seq = args(sizes=(2, 64, 4000, 4), ptrs=with_ptr(3, SEQ), seq=(4000, 1))
+    dfs = args(sizes=(2, 64, 4000, 4), ptrs=with_ptr(6, DFS), dfs=(64 * 3, 3, 1))
+    for a in (seq, dfs):
+        assert not drt.explain_bwd(*a, arch=BWD_ARCH)["key"].endswith(".realign")
+
+
+def test_lower_caps_and_walked_segments_keep_their_plain_build_at_cut_lengths(drt, tmp_path):
+    from test_bwd_runtime import ARCH as BWD_ARCH, args
+    for v in (HELD_96, WALKED):
+        drt.set_tuning_dbs([_bwd_db(tmp_path / f"{v.key()}.db", [(v, (2, 64, 16384))])])
+        e = drt.explain_bwd(*args(sizes=(2, 64, 16000, 4)), arch=BWD_ARCH)
+        assert e["variant"] == v.as_runtime_dict(), e["key"]
+
+
+def test_the_catalog_default_runs_its_twin_at_cut_lengths_on_nvidia_only(drt):
+    from test_bwd_runtime import args
+    first = default_variant(BWD_BF16, "sm_90")
+    assert "#define CC1D_BWD_CUT_TWIN 1\n" in first.source
+    e = drt.explain_bwd(*args(sizes=(2, 64, 4000, 4)), arch="sm_999")  # no DB: the catalog
+    assert (e["reason"], e["variant"]) == ("default", realigned(first.as_runtime_dict())), e["key"]
+    e = drt.explain_bwd(*args(sizes=(2, 64, 4000, 4)), arch="gfx942")
+    assert e["reason"] == "default" and not e["key"].endswith(".realign"), e["key"]
+
+
+def test_the_generator_knows_which_calls_take_the_twin_for_a_cut_segment(drt, tmp_path):
+    """Variant.twin_takes_cut (what the tuner times) agrees with the runtime's choice."""
+    from test_bwd_runtime import ARCH as BWD_ARCH, args
+    for v in (HELD_128, HELD_96, WALKED, default_variant(BWD_BF16, "sm_90")):
+        drt.set_tuning_dbs([_bwd_db(tmp_path / f"{v.key()}.db", [(v, (2, 64, 4096))])])
+        for seqlen in (8, 504, 512, 1000, 1024, 1032, 2040, 3072, 4000, 4096, 5000, 16000):
+            e = drt.explain_bwd(*args(sizes=(2, 64, seqlen, 4)), arch=BWD_ARCH)
+            assert e["key"].endswith(".realign") == v.twin_takes_cut(seqlen, BWD_ARCH), (v.key(), seqlen, e["key"])
+    assert not HELD_128.twin_takes_cut(4000, "gfx942")
+    assert not HELD_128.twin_takes_cut(4000, "sm_90", seq_idx=True)
+    assert not HELD_128.twin_takes_cut(4000, "sm_90", final_states=True)
+
+
+def test_the_tuner_times_a_cut_backward_candidate_as_its_twin():
+    from cc1d.tuner.evaluate import GpuEvaluator
+    from cc1d.tuner.shapes import Shape
+    ev = GpuEvaluator.__new__(GpuEvaluator)  # no GPU: only the kernel choice
+    for target, seqlen, extra, twin in (("sm_90", 4000, {}, True), ("sm_90", 4096, {}, False),
+                                        ("sm_90", 4000, {"seq_idx": True}, False), ("gfx942", 4000, {}, False)):
+        ev.shape, ev.target, ev._kernels = Shape("bwd", "cf", "bf16", "f32", 4, 2, 64, seqlen, **extra), target, {}
+        want = twin_of(HELD_128) if twin else HELD_128.as_runtime_dict()
+        assert ev._kernel(HELD_128) == want, (target, seqlen, extra)
 
 
 # ---- compiling -----------------------------------------------------------------

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cc1d.generator import default_variant, families, variants
+from cc1d.generator import Variant, default_variant, families, variants
 from cc1d.tuner.db import TuningDB, family_from_key
 
 REPO = Path(__file__).resolve().parents[1]
@@ -247,8 +247,10 @@ def _shape_of(family_key: str, batch: int, dim: int, seqlen: int, feats: set):
 def test_the_tuners_served_winner_is_the_dispatchers_pick(tmp_path):
     """`cc1d-tune --start-from` starts a shape from the winner the dispatcher serves its calls
     (tuner/search.py served_winner, the rule of docs/DISPATCH.md in Python). Calls near the
-    shipped shapes, some with a feature more or less, get the same winner from the runtime
-    (calls midway between two shapes, decided by rounding, are left out)."""
+    shipped shapes, some with a feature more or less, and forwards and backwards of shorter
+    and longer sequences (whole 16-byte vectors: the tuner's kernel choice misfits and cut
+    segments, Variant.twin_takes_cut), get the same kernel from the runtime (calls midway
+    between two shapes, decided by rounding, are left out)."""
     from cc1d.tuner.search import dispatch_rank, served_winner
     shipped = REPO / "tuning_db" / "sm_90.db"
     with TuningDB(shipped, readonly=True) as db:
@@ -257,16 +259,22 @@ def test_the_tuners_served_winner_is_the_dispatchers_pick(tmp_path):
         for w in winners:
             feats = {f for f in w["features"].split(",") if f}
             alt = feats ^ ({"wstate"} if w["op"] == "upd" else {"bias"})
-            for b, d, n, f in ((w["batch"] * 3, w["dim"], w["seqlen"], feats),
+            lengths = [(w["batch"], w["dim"], max(w["seqlen"] * k // 32 * 8, 8), feats) for k in (1, 3, 5)] \
+                if w["op"] in ("fwd", "bwd") else []
+            for b, d, n, f in [(w["batch"] * 3, w["dim"], w["seqlen"], feats),
                                (w["batch"], w["dim"] * 3 // 2, w["seqlen"], feats),
-                               (w["batch"], w["dim"], w["seqlen"], alt)):
+                               (w["batch"], w["dim"], w["seqlen"], alt), *lengths]:
                 shape = _shape_of(w["family_key"], b, d, n, f)
                 ranks = sorted(dispatch_rank(shape, r, "sm_90") for r in winners if r["family_key"] == w["family_key"])
                 if len(ranks) > 1 and ranks[0][:-1] == ranks[1][:-1] and abs(ranks[0][-1] - ranks[1][-1]) < 1e-9:
                     continue  # a midpoint: the runtime's rounding decides
                 probes.append(call_for(w["family_key"], b, d, n, ",".join(sorted(f))))
-                expected.append((w["family_key"], shape.key(), served_winner(db, "sm_90", shape)["variant_key"]))
+                row = served_winner(db, "sm_90", shape)
+                v = Variant.of(shape.family(), **json.loads(row["config"]))
+                twin = v.twin_takes_cut(n, "sm_90", seq_idx=shape.seq_idx, final_states=shape.final_states)
+                expected.append((w["family_key"], shape.key(), row["variant_key"] + (".realign" if twin else "")))
     assert len(probes) > 2 * len(winners)
+    assert any(key.endswith(".realign") for *_, key in expected)  # some cut a held backward segment
     res = explain_in_fresh_process(probes, "sm_90", tmp_path, package_dir=REPO)
     wrong = [f"{fam} {key}: tuner {want}, runtime {e['key']} ({e['reason']} {e['matched_shape']})"
              for (fam, key, want), e in zip(expected, res["explained"]) if e["key"] != want]

@@ -70,11 +70,15 @@ class GpuEvaluator:
 
     def _kernel(self, variant: Variant) -> dict:
         # built once: the key/hash/source dict is what launch_fwd takes. Rows off the
-        # variant's vectors (an odd seqlen's) run its realigned twin, as the dispatcher
+        # variant's vectors (an odd seqlen's), and a backward's segment cut by the sequence
+        # where the variant's twin moves it, run its realigned twin, as the dispatcher
         # serves the winner there; it is stored as the variant itself.
         if variant not in self._kernels:
             kernel = variant.as_runtime_dict()
-            self._kernels[variant] = realigned(kernel) if variant.rows_off_vectors(self.shape.seqlen) else kernel
+            s = self.shape
+            twin = variant.rows_off_vectors(s.seqlen) or \
+                variant.twin_takes_cut(s.seqlen, self.target, seq_idx=s.seq_idx, final_states=s.final_states)
+            self._kernels[variant] = realigned(kernel) if twin else kernel
         return self._kernels[variant]
 
     def _launcher(self, variant: Variant):

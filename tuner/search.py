@@ -27,6 +27,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from ..generator import EPOCH, Family, Variant, arch_info, default_variant, space_for, variants
+from ..generator.variant import cf_segment_positions
 from .db import TuningDB
 from .evaluate import CandidateError, Evaluator
 from .measure import TIMING_METHOD, Timing
@@ -449,27 +450,21 @@ def timing_method_of(row: dict) -> int | None:
 def dispatch_rank(shape: Shape, row: dict, arch: str) -> tuple[int, bool, float]:
     """How the dispatcher ranks a winners-table row of the shape's family for the shape's
     calls (docs/DISPATCH.md), lowest first: differing features, then whether the row's
-    kernel is a channel-first forward whose segment is longer than the shape's sequence
-    (segment_misfits), then the distance."""
+    channel-first kernel fits the shape's sequence poorly (tiling_misfits), then the distance."""
     theirs = set(filter(None, row["features"].split(",")))
     dist = abs(math.log(shape.batch * shape.seqlen) - math.log(row["batch"] * row["seqlen"])) + \
         abs(math.log(shape.dim) - math.log(row["dim"]))
-    return len(set(shape.features()) ^ theirs), segment_misfits(shape, row, arch), dist
+    return len(set(shape.features()) ^ theirs), tiling_misfits(shape, row, arch), dist
 
 
-def cf_fwd_segment_positions(row: dict, arch: str) -> int:
-    """Positions one segment of a channel-first forward kernel covers (runtime/src/dispatch.cpp
-    cf_fwd_segment_positions): its row's threads in segments of one warp, or the row where
-    it is shorter (64-lane wavefronts on gfx9)."""
-    per_row = max(row["threads"] // max(row["tile_d"], 1), 1)
-    warp = 64 if arch.startswith("gfx9") else 32
-    return row["tile_l"] * min(per_row, warp) // per_row
-
-
-def segment_misfits(shape: Shape, row: dict, arch: str) -> bool:
-    """Whether the row's kernel runs all of the shape's rows on its edge path: a channel-first
-    forward whose segment is longer than the sequence (its fast path takes whole segments)."""
-    return shape.op == "fwd" and shape.layout == "cf" and shape.seqlen < cf_fwd_segment_positions(row, arch)
+def tiling_misfits(shape: Shape, row: dict, arch: str) -> bool:
+    """Whether the row's channel-first kernel fits the shape's sequence poorly
+    (runtime/src/dispatch.cpp tiling_misfit): its segment is longer than the sequence (no
+    row runs a whole segment on the fast path), or, backward, its tile is more than twice
+    the sequence (most of each block's segments idle)."""
+    if shape.layout != "cf" or shape.op not in ("fwd", "bwd"):
+        return False
+    return shape.seqlen < cf_segment_positions(row, arch) or (shape.op == "bwd" and 2 * shape.seqlen < row["tile_l"])
 
 
 def served_winner(db: TuningDB, arch: str, shape: Shape) -> dict | None:

@@ -125,15 +125,18 @@ double shape_distance(int64_t b, int64_t d, int64_t l, const TunedEntry& e) {
          std::fabs(std::log(double(d)) - std::log(double(e.dim)));
 }
 
-// A channel-first forward kernel's fast path takes whole segments: a row's threads
-// (threads / tile_d) split into segments of one warp (the row where it is shorter),
-// each over a fixed run of positions. A call whose sequence is shorter than one runs
-// every row on the edge path, up to 2.5x slower a position (session 59, H200: (2, 4096,
-// 1000) on the (1, 4096, 2048) winner, 1024-position segments, took 22.6 us, the peer
-// 9.9). Such an entry ranks behind every entry whose segment fits the call.
+// A channel-first kernel's fast path takes whole segments: a row's threads (threads /
+// tile_d) split into segments of one warp (the row where it is shorter), each over a fixed
+// run of positions. A call whose sequence is shorter than one runs no row's segment whole,
+// up to 2.5x slower a position (session 59, H200: forward (2, 4096, 1000) on the (1, 4096,
+// 2048) winner, 1024-position segments, took 22.6 us, the peer 9.9; session 62, backward
+// (2, 4096, 1001) on the (2, 4096, 2048) winner, 1024, 120.3 us, against 39.6 on 512).
+// A backward block also runs its tile's segments side by side, so a tile more than twice
+// the sequence leaves most of its warps idle (session 62: (8, 5120, 4096) on the (1, 5376,
+// 32768) winner's 16384-position tiles, 430.9 us; on the (8, 5120, 2048) winner's 2048,
+// 286.4; the peer 278.4). Such entries rank behind every entry that fits the call.
 constexpr double kMisfitRank = 500.0;  // above any shape distance, below a feature mismatch
 
-// (The channel-first backward splits a row's threads alike.)
 int64_t cf_segment_positions(const KernelVariant& v, const std::string& arch) {
   const int rows = v.tile_d > 0 ? v.tile_d : 1;
   const int per_row = v.threads / rows > 0 ? v.threads / rows : 1;
@@ -141,23 +144,17 @@ int64_t cf_segment_positions(const KernelVariant& v, const std::string& arch) {
   return int64_t(v.tile_l) * std::min(per_row, warp) / per_row;
 }
 
-bool segment_misfits(const Call& p, const std::string& arch, const KernelVariant& v) {
-  return p.op == Op::fwd && p.layout == Layout::channel_first && p.seqlen < cf_segment_positions(v, arch);
-}
-
-// A channel-first backward block's segments past the call's sequence hold no position:
-// where a tile has more than twice as many segments as the sequence fills, most of each
-// block's warps idle (an entry tuned for longer rows, say (1, 5376, 32768)'s 16384-position
-// tiles at seqlen 4096: 3 of 4). Named in the nearest entry's detail; not used in the
-// ranking, which has not been measured with it (session 61). Returns the idle segments
-// of a block's `*segments`, or 0.
-int64_t idle_bwd_segments(const Call& p, const std::string& arch, const KernelVariant& v, int64_t* segments) {
-  if (p.op != Op::bwd || p.layout != Layout::channel_first) return 0;
+// Why v's channel-first tiling fits the call poorly, for explain's detail; empty where it fits.
+std::string tiling_misfit(const Call& p, const std::string& arch, const KernelVariant& v) {
+  if (p.layout != Layout::channel_first || (p.op != Op::fwd && p.op != Op::bwd)) return {};
   const int64_t seg = cf_segment_positions(v, arch);
-  if (seg <= 0 || v.tile_l <= seg) return 0;
-  const int64_t total = int64_t(v.tile_l) / seg, busy = std::min(total, (p.seqlen + seg - 1) / seg);
-  *segments = total;
-  return 2 * busy < total ? total - busy : 0;
+  if (p.seqlen < seg)
+    return "its kernel's segments (" + std::to_string(seg) + " positions) are longer than this call's sequence, "
+           "so no row runs a whole segment on the fast path";
+  if (p.op == Op::bwd && 2 * p.seqlen < int64_t(v.tile_l))
+    return "its tiles (" + std::to_string(v.tile_l) + " positions) are more than twice this call's sequence, "
+           "so most of each block's segments hold no position";
+  return {};
 }
 
 // ---- realigned twins (dispatch.h) --------------------------------------------
@@ -227,10 +224,29 @@ Twins& twins() {
   return t;
 }
 
+// Whether an aligned channel-first backward call whose sequence cuts one of v's segments
+// runs v's realigned twin: it moves the cut segment back onto the fast path, where v sends
+// it to the edge path. Its source says where that pays (CC1D_BWD_CUT_TWIN, generator/render.py
+// bwd_twin_takes_cuts: session 62, H200, (8, 5120, 2000) 168.5 us through the twin, 480.3
+// plain). The twin moves nothing with seq_idx or dfinal_states, or for a sequence of one
+// segment or less; measured on NVIDIA GPUs only.
+bool cut_twin(const Call& p, const std::string& arch, const KernelVariant& v) {
+  if (p.op != Op::bwd || p.layout != Layout::channel_first || arch.rfind("gfx", 0) == 0 ||
+      (p.features & (kSeqIdx | kFinal)) || !rows_fit(p, v) ||
+      v.source.find("#define CC1D_BWD_CUT_TWIN 1") == std::string::npos)
+    return false;
+  const int64_t seg = cf_segment_positions(v, arch);
+  return p.seqlen > seg && p.seqlen % seg != 0;
+}
+
 // The variant that serves the call for an entry `v` it can run (call_runs): v, or its
-// realigned twin where only the rows' alignment meets v's.
-std::shared_ptr<const KernelVariant> serving(const Call& p, const std::shared_ptr<const KernelVariant>& v) {
-  return p.align % v->align_bytes == 0 ? v : realigned_twin(v);
+// realigned twin where only the rows' alignment meets v's or the twin takes v's cut segment.
+std::shared_ptr<const KernelVariant> serving(const Call& p, const std::string& arch,
+                                             const std::shared_ptr<const KernelVariant>& v) {
+  if (p.align % v->align_bytes != 0) return realigned_twin(v);
+  if (cut_twin(p, arch, *v))
+    if (auto twin = realigned_twin(v)) return twin;
+  return v;
 }
 
 // A nearest shape further than this (its work and dim ratios to the call's multiply to
@@ -331,7 +347,7 @@ std::shared_ptr<Decision> pick(const Call& p, const std::string& arch, const Cha
                      "cc1d-tune db rerender)";
         continue;
       }
-      d->variant = serving(p, e.variant);
+      d->variant = serving(p, arch, e.variant);
       d->reason = "exact";
       d->source = set->path;
       d->matched_shape = e.shape_key;
@@ -351,7 +367,7 @@ std::shared_ptr<Decision> pick(const Call& p, const std::string& arch, const Cha
       if (e.family != family || !call_runs(p, *e.variant) || broken(*set, e)) continue;
       const double dist = shape_distance(p.batch, p.dim, p.seqlen, e);
       const double rank = dist + kFeatureMismatchRank * __builtin_popcount(e.features ^ features) +
-                          (segment_misfits(p, arch, *e.variant) ? kMisfitRank : 0.0);
+                          (tiling_misfit(p, arch, *e.variant).empty() ? 0.0 : kMisfitRank);
       if (!best || rank < best_rank) {
         best = &e;
         best_set = set.get();
@@ -360,7 +376,7 @@ std::shared_ptr<Decision> pick(const Call& p, const std::string& arch, const Cha
       }
     }
   if (best) {
-    d->variant = serving(p, best->variant);
+    d->variant = serving(p, arch, best->variant);
     d->reason = "nearest";
     d->source = best_set->path;
     d->matched_shape = best->shape_key;
@@ -369,15 +385,8 @@ std::shared_ptr<Decision> pick(const Call& p, const std::string& arch, const Cha
     if (best->features != features)
       d->detail += " (tuned with features [" + features_string(best->features) + "]; none tuned with [" +
                    features_string(features) + "])";
-    if (segment_misfits(p, arch, *best->variant))
-      d->detail += "; its kernel's segments (" + std::to_string(cf_segment_positions(*best->variant, arch)) +
-                   " positions) are longer than this call's sequence, so every row takes the edge path, and "
-                   "no tuned entry's segment fits: cc1d-tune this shape";
-    int64_t segments = 0;
-    if (const int64_t idle = idle_bwd_segments(p, arch, *best->variant, &segments))
-      d->detail += "; its tiles (" + std::to_string(best->variant->tile_l) + " positions) are longer than this "
-                   "call's sequence: " + std::to_string(idle) + " of each block's " + std::to_string(segments) +
-                   " segments hold no position: cc1d-tune this shape";
+    const std::string misfit = tiling_misfit(p, arch, *best->variant);
+    if (!misfit.empty()) d->detail += "; " + misfit + ", and no tuned entry's kernel fits the call: cc1d-tune this shape";
     if (best_distance > kFarDistance) {
       char dist[32];
       std::snprintf(dist, sizeof dist, "%.2f", best_distance);
@@ -388,11 +397,12 @@ std::shared_ptr<Decision> pick(const Call& p, const std::string& arch, const Cha
     d->detail += skipped;
     return d;
   }
-  d->variant = std::shared_ptr<const KernelVariant>(std::shared_ptr<void>(), &catalog_choice(family, align, op_tensors(p.op)));
+  d->variant = serving(p, arch, std::shared_ptr<const KernelVariant>(std::shared_ptr<void>(),
+                                                                      &catalog_choice(family, align, op_tensors(p.op))));
   if (p.row_align > align) {  // the catalog's first choice for aligned rows, through its twin
     auto v = std::shared_ptr<const KernelVariant>(std::shared_ptr<void>(),
                                                   &catalog_choice(family, p.row_align, op_tensors(p.op)));
-    if (call_runs(p, *v)) d->variant = serving(p, v);
+    if (call_runs(p, *v)) d->variant = serving(p, arch, v);
   }
   d->reason = "default";
   d->source = "catalog";
@@ -411,7 +421,11 @@ std::shared_ptr<Decision> pick(const Call& p, const std::string& arch, const Cha
 
 std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, const Chain& chain) {
   std::shared_ptr<Decision> d = pick(p, arch, chain);
-  if (is_realigned(*d->variant))
+  if (is_realigned(*d->variant) && p.align % d->variant->align_bytes == 0)
+    d->detail += "; realigned build: it moves the segment this call's sequence cuts (" +
+                 std::to_string(cf_segment_positions(*d->variant, arch)) +
+                 " positions) back onto its fast path, which its plain build runs on the edge path";
+  else if (is_realigned(*d->variant))
     d->detail += std::string("; realigned build: ") + op_rows(p.op) + " rows start off its " + std::to_string(d->variant->align_bytes) +
                  "-byte vectors (alike), the call's alignment is " + std::to_string(p.align) + " bytes";
   return d;
