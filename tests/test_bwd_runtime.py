@@ -354,8 +354,8 @@ TILES_512 = _bwd_cf(threads=128, nvec=2, rows=4, max_regs=96)  # 512 a row, one 
 
 def test_nearest_backward_passes_over_tiles_more_than_twice_the_sequence(rt, tmp_path):
     """A channel-first backward block runs its tile's segments side by side: an entry whose
-    tiles are more than twice the call's sequence ranks behind every entry that fits, however
-    near (session 62, H200: (8, 5120, 4096) took 430.9 us on the (1, 5376, 32768) winner's
+    tiles of several segments are more than twice the call's sequence ranks behind every
+    entry that fits, however near (session 62, H200: (8, 5120, 4096) took 430.9 us on the (1, 5376, 32768) winner's
     16384-position tiles, 286.4 on the (8, 5120, 2048) winner's)."""
     assert (LONG_TILES.geometry()["tile_l"], TILES_2048.geometry()["tile_l"]) == (16384, 2048)
     rt.set_tuning_dbs([_bwd_cf_db(tmp_path / "t.db", [(LONG_TILES, (1, 5376, 32768)), (TILES_2048, (8, 5120, 2048))])])
@@ -367,25 +367,41 @@ def test_nearest_backward_passes_over_tiles_more_than_twice_the_sequence(rt, tmp
 
 
 def test_nearest_backward_passes_over_segments_longer_than_the_sequence(rt, tmp_path):
-    """As the forward's: no row would run a whole segment on the fast path (session 62,
-    H200: (2, 4096, 1001) took 49.2 us on 2048-position segments, 39.6 on 512)."""
+    """As the forward's, for held segments: no row would run a whole segment on the fast path
+    (session 62, H200: (2, 4096, 1000) took 90.2 us on 1024-position segments, 39.3 on 512)."""
     rt.set_tuning_dbs([_bwd_cf_db(tmp_path / "t.db", [(TILES_2048, (2, 4096, 2048)), (TILES_512, (1, 5120, 512))])])
     for seqlen, want in ((1000, TILES_512), (1016, TILES_512), (1024, TILES_2048), (1536, TILES_2048)):
         e = rt.explain_bwd(*args(sizes=(2, 4096, seqlen, 4), w_dtype=BF16), arch=ARCH)
         assert e["key"].removesuffix(".realign") == want.key(), (seqlen, e["key"])
 
 
+def test_walked_segments_longer_than_the_sequence_misfit_only_through_the_twin(rt, tmp_path):
+    """Walked segments take a short sequence well in their plain build ((2, 4096, 1000): 28.8
+    us on 2048-position segments), not through their twin, which rows off the vectors need
+    ((2, 4096, 1001): 49.2 us, against 39.6 on held 512-position segments)."""
+    walked = _bwd_cf(threads=128, nvec=8, rows=4, max_regs=255)
+    assert walked.geometry()["tile_l"] == 2048 and "#define CC1D_BWD_WALKED 1\n" in walked.source
+    assert "#define CC1D_BWD_WALKED 0\n" in TILES_512.source
+    rt.set_tuning_dbs([_bwd_cf_db(tmp_path / "t.db", [(walked, (2, 4096, 2048)), (TILES_512, (1, 5120, 512))])])
+    for seqlen, want in ((1000, walked.key()), (1001, TILES_512.key() + ".realign"),
+                         (2047, TILES_512.key() + ".realign"), (2049, walked.key() + ".realign")):
+        e = rt.explain_bwd(*args(sizes=(2, 4096, seqlen, 4), w_dtype=BF16), arch=ARCH)
+        assert e["key"] == want, (seqlen, e["key"])
+
+
 def test_a_misfit_nearest_backward_says_why_where_none_fits(rt, tmp_path):
     rt.set_tuning_dbs([_bwd_cf_db(tmp_path / "t.db", [(LONG_TILES, (1, 5376, 32768))])])
     e = rt.explain_bwd(*args(sizes=(8, 5120, 4096, 4), w_dtype=BF16), arch=ARCH)
     assert (e["reason"], e["key"]) == ("nearest", LONG_TILES.key())
-    assert ("its tiles (16384 positions) are more than twice this call's sequence, so most of each block's "
-            "segments hold no position, and no tuned entry's kernel fits the call: cc1d-tune this shape") in e["detail"]
-    e = rt.explain_bwd(*args(sizes=(8, 5120, 2048, 4), w_dtype=BF16), arch=ARCH)
-    assert ("its kernel's segments (4096 positions) are longer than this call's sequence, so no row runs a whole "
-            "segment on the fast path, and no tuned entry's kernel fits the call: cc1d-tune this shape") in e["detail"]
+    assert ("its tiles (16384 positions, 4 segments side by side) are more than twice this call's sequence, so "
+            "most of each block's warps idle, and no tuned entry's kernel fits the call: cc1d-tune this shape"
+            ) in e["detail"]
     e = rt.explain_bwd(*args(sizes=(8, 5120, 8192, 4), w_dtype=BF16), arch=ARCH)
     assert "no tuned entry's kernel fits the call" not in e["detail"], e["detail"]
+    rt.set_tuning_dbs([_bwd_cf_db(tmp_path / "held.db", [(TILES_2048, (8, 5120, 2048))])])
+    e = rt.explain_bwd(*args(sizes=(8, 5120, 1000, 4), w_dtype=BF16), arch=ARCH)
+    assert ("its kernel's segments (1024 positions) are longer than this call's sequence, so no row runs a whole "
+            "segment on the fast path, and no tuned entry's kernel fits the call: cc1d-tune this shape") in e["detail"]
 
 
 # ---- the partial-sum layout (split_blocks) from a tuning DB ---------------------

@@ -27,6 +27,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from ..generator import EPOCH, Family, Variant, arch_info, default_variant, space_for, variants
+from ..generator.space import bwd_cf_walked
 from ..generator.variant import cf_segment_positions
 from .db import TuningDB
 from .evaluate import CandidateError, Evaluator
@@ -460,11 +461,20 @@ def dispatch_rank(shape: Shape, row: dict, arch: str) -> tuple[int, bool, float]
 def tiling_misfits(shape: Shape, row: dict, arch: str) -> bool:
     """Whether the row's channel-first kernel fits the shape's sequence poorly
     (runtime/src/dispatch.cpp tiling_misfit): its segment is longer than the sequence (no
-    row runs a whole segment on the fast path), or, backward, its tile is more than twice
-    the sequence (most of each block's segments idle)."""
+    row runs a whole segment on the fast path; but for a backward's walked segments in
+    their plain build, where the rows meet the vectors), or, backward, its tile of several
+    segments side by side is more than twice the sequence (most of each block's warps idle)."""
     if shape.layout != "cf" or shape.op not in ("fwd", "bwd"):
         return False
-    return shape.seqlen < cf_segment_positions(row, arch) or (shape.op == "bwd" and 2 * shape.seqlen < row["tile_l"])
+    seg = cf_segment_positions(row, arch)
+    if shape.op == "bwd" and row["tile_l"] // seg > 1 and 2 * shape.seqlen < row["tile_l"]:
+        return True
+    if shape.seqlen >= seg:
+        return False
+    if shape.op == "fwd":
+        return True
+    v = Variant.of(shape.family(), **json.loads(row["config"]))
+    return not bwd_cf_walked(v.params) or v.rows_off_vectors(shape.seqlen)
 
 
 def served_winner(db: TuningDB, arch: str, shape: Shape) -> dict | None:

@@ -130,9 +130,11 @@ double shape_distance(int64_t b, int64_t d, int64_t l, const TunedEntry& e) {
 // run of positions. A call whose sequence is shorter than one runs no row's segment whole,
 // up to 2.5x slower a position (session 59, H200: forward (2, 4096, 1000) on the (1, 4096,
 // 2048) winner, 1024-position segments, took 22.6 us, the peer 9.9; session 62, backward
-// (2, 4096, 1001) on the (2, 4096, 2048) winner, 1024, 120.3 us, against 39.6 on 512).
-// A backward block also runs its tile's segments side by side, so a tile more than twice
-// the sequence leaves most of its warps idle (session 62: (8, 5120, 4096) on the (1, 5376,
+// (2, 4096, 1000) on held 1024-position segments 90.2 us, against 28.8 on walked 2048-position
+// ones and 39.3 on held 512). Walked backward segments take it well in their plain build,
+// not through their realigned twin ((2, 4096, 1001): 49.2 us against 39.6 on held 512).
+// A backward block also runs its tile's segments side by side, so a tile of several
+// segments more than twice the sequence leaves most of its warps idle (session 62: (8, 5120, 4096) on the (1, 5376,
 // 32768) winner's 16384-position tiles, 430.9 us; on the (8, 5120, 2048) winner's 2048,
 // 286.4; the peer 278.4). Such entries rank behind every entry that fits the call.
 constexpr double kMisfitRank = 500.0;  // above any shape distance, below a feature mismatch
@@ -148,12 +150,16 @@ int64_t cf_segment_positions(const KernelVariant& v, const std::string& arch) {
 std::string tiling_misfit(const Call& p, const std::string& arch, const KernelVariant& v) {
   if (p.layout != Layout::channel_first || (p.op != Op::fwd && p.op != Op::bwd)) return {};
   const int64_t seg = cf_segment_positions(v, arch);
-  if (p.seqlen < seg)
+  if (seg <= 0) return {};
+  const bool walked_plain = p.op == Op::bwd && p.align % v.align_bytes == 0 &&
+                            v.source.find("#define CC1D_BWD_WALKED 1") != std::string::npos;
+  if (p.seqlen < seg && !walked_plain)
     return "its kernel's segments (" + std::to_string(seg) + " positions) are longer than this call's sequence, "
            "so no row runs a whole segment on the fast path";
-  if (p.op == Op::bwd && 2 * p.seqlen < int64_t(v.tile_l))
-    return "its tiles (" + std::to_string(v.tile_l) + " positions) are more than twice this call's sequence, "
-           "so most of each block's segments hold no position";
+  const int64_t segments = int64_t(v.tile_l) / seg;  // side by side in a block, per row
+  if (p.op == Op::bwd && segments > 1 && 2 * p.seqlen < int64_t(v.tile_l))
+    return "its tiles (" + std::to_string(v.tile_l) + " positions, " + std::to_string(segments) +
+           " segments side by side) are more than twice this call's sequence, so most of each block's warps idle";
   return {};
 }
 
