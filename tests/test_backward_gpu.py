@@ -242,9 +242,11 @@ def test_odd_lengths_run_a_realigned_twin_through_the_api(rt):
 def test_cut_lengths_run_the_twin_through_the_api(rt):
     """Aligned rows whose sequence cuts a held winner's segment: the dispatcher serves the
     twin (it moves the segment back onto the fast path) and the gradients match, with and
-    without seq_idx (which keeps the plain build)."""
-    for seqlen, dim, seq_idx in ((2000, 256, False), (3000, 40, False), (1032, 5, False), (2000, 64, True)):
-        case = Case(x_dtype="bf16", w_dtype="bf16", dim=dim, seqlen=seqlen, batch=2, bias=True, silu=True,
+    without seq_idx (which keeps the plain build). The shapes are near shipped held winners
+    ((8, 2048, 2048)'s 1024-position segments, (1, 2048, 512)'s 512)."""
+    for batch, dim, seqlen, seq_idx in ((8, 2048, 2000, False), (2, 40, 3000, False), (1, 2048, 600, False),
+                                        (2, 64, 2000, True)):
+        case = Case(x_dtype="bf16", w_dtype="bf16", dim=dim, seqlen=seqlen, batch=batch, bias=True, silu=True,
                     seq_idx=seq_idx)
         inp = make_inputs(case, seed=seqlen + dim)
         x, w, b = inp["x"].contiguous(), inp["weight"], inp["bias"]
