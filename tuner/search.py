@@ -467,6 +467,8 @@ def tiling_misfits(shape: Shape, row: dict, arch: str) -> bool:
     if shape.layout != "cf" or shape.op not in ("fwd", "bwd"):
         return False
     seg = cf_segment_positions(row, arch)
+    if seg <= 0:
+        return False  # a geometry no kernel has (the runtime's rule alike)
     if shape.op == "bwd" and row["tile_l"] // seg > 1 and 2 * shape.seqlen < row["tile_l"]:
         return True
     if shape.seqlen >= seg:

@@ -134,9 +134,10 @@ double shape_distance(int64_t b, int64_t d, int64_t l, const TunedEntry& e) {
 // ones and 39.3 on held 512). Walked backward segments take it well in their plain build,
 // not through their realigned twin ((2, 4096, 1001): 49.2 us against 39.6 on held 512).
 // A backward block also runs its tile's segments side by side, so a tile of several
-// segments more than twice the sequence leaves most of its warps idle (session 62: (8, 5120, 4096) on the (1, 5376,
-// 32768) winner's 16384-position tiles, 430.9 us; on the (8, 5120, 2048) winner's 2048,
-// 286.4; the peer 278.4). Such entries rank behind every entry that fits the call.
+// segments more than twice the sequence leaves most of its warps idle (session 62: (8,
+// 5120, 4096) on the (1, 5376, 32768) winner's 16384-position tiles, 430.9 us; on the (8,
+// 5120, 2048) winner's 2048, 286.4; the peer 278.4). Such entries rank behind every entry
+// that fits the call.
 constexpr double kMisfitRank = 500.0;  // above any shape distance, below a feature mismatch
 
 int64_t cf_segment_positions(const KernelVariant& v, const std::string& arch) {
@@ -242,7 +243,7 @@ bool cut_twin(const Call& p, const std::string& arch, const KernelVariant& v) {
       v.source.find("#define CC1D_BWD_CUT_TWIN 1") == std::string::npos)
     return false;
   const int64_t seg = cf_segment_positions(v, arch);
-  return p.seqlen > seg && p.seqlen % seg != 0;
+  return seg > 0 && p.seqlen > seg && p.seqlen % seg != 0;
 }
 
 // The variant that serves the call for an entry `v` it can run (call_runs): v, or its
