@@ -2,7 +2,8 @@
 CC1D_BWD_REALIGN, runtime dispatch.h realigned_twin): a channel-first forward or backward
 whose rows start off the vector boundary (an odd seqlen's), with the rows it walks lying
 alike (x's and out's; x's, dout's and dx's), runs a 16-byte winner through its twin instead
-of a 2-byte kernel. The dispatcher's choice (no GPU), and every default and covering twin
+of a 2-byte kernel; an aligned backward whose sequence cuts a held segment runs the twin
+where the source says so (CC1D_BWD_CUT_TWIN), which moves the cut segment back. The dispatcher's choice (no GPU), and every default and covering twin
 compiling for sm_90 (NVRTC) and gfx942 (hipRTC, marker amd). Their results on the GPU:
 test_forward_gpu.py and test_backward_gpu.py test_realigned_twins_match_reference."""
 from __future__ import annotations
