@@ -304,20 +304,27 @@ def test_launch_bwd_checks_the_variant_against_the_call(rt):
         rt.launch_bwd(v, *a, 1 << 30, 0)
 
 
-def test_tuned_backward_winners_are_found_along_the_chain(rt, tmp_path):
+def tuned_bwd_db(path, entries) -> str:
+    """A finalized tuning DB of backward winners for ARCH: (variant, (batch, dim, seqlen)),
+    each tuned with bias and SiLU. Returns its path."""
     from cc1d.tuner.db import TuningDB
+    with TuningDB(path) as db:
+        for v, (b, d, l) in entries:
+            db.put_winner(v.source, arch=ARCH, family_key=v.family.key(), shape_key=f"b{b}.d{d}.l{l}.bias.silu",
+                          op="bwd", batch=b, dim=d, seqlen=l, features="bias,silu", variant_key=v.key(),
+                          config=v.params, source_hash=v.hash(), **v.geometry(), time_us=10.0,
+                          environment={"device": "test"})
+        db.finalize()
+    return str(path)
 
+
+def test_tuned_backward_winners_are_found_along_the_chain(rt, tmp_path):
     fam = Family("bwd", "cf", "bf16", "f32", 4)
     chain = fallback_chain(fam)
     tuned = chain[-1]  # not the catalog's first choice, so a hit shows
     b, d, l = 2, 16, 128
-    path = tmp_path / "bwd.db"
-    with TuningDB(path) as db:
-        db.put_winner(tuned.source, arch=ARCH, family_key=fam.key(), shape_key=f"b{b}.d{d}.l{l}.bias.silu",
-                      op="bwd", batch=b, dim=d, seqlen=l, features="bias,silu", variant_key=tuned.key(),
-                      config=tuned.params, source_hash=tuned.hash(), **tuned.geometry(), time_us=10.0,
-                      environment={"device": "test"})
-    rt.set_tuning_dbs([str(path)])
+    path = tuned_bwd_db(tmp_path / "bwd.db", [(tuned, (b, d, l))])
+    rt.set_tuning_dbs([path])
     a = args()
     e = rt.explain_bwd(*a, arch=ARCH)
     assert (e["reason"], e["key"], e["source"]) == ("exact", tuned.key(), str(path))
@@ -327,18 +334,6 @@ def test_tuned_backward_winners_are_found_along_the_chain(rt, tmp_path):
     assert rt.explain_bwd(*args(sizes=(4, 32, 256, 4)), arch=ARCH)["reason"] == "nearest"
     fwd = rt.explain_fwd(FWD_PTRS, (b, d, l, 4), FWD_STRIDES, BF16, F32, True, 0, ARCH)
     assert fwd["reason"] == "default" and fwd["key"].startswith("fwd.")
-
-
-def _bwd_cf_db(path, entries):
-    """A tuning DB of bf16 channel-first backward winners: (variant, (batch, dim, seqlen))."""
-    from cc1d.tuner.db import TuningDB
-    with TuningDB(path) as db:
-        for v, (b, d, l) in entries:
-            db.put_winner(v.source, arch=ARCH, family_key=v.family.key(), shape_key=f"b{b}.d{d}.l{l}.bias.silu",
-                          op="bwd", batch=b, dim=d, seqlen=l, features="bias,silu", variant_key=v.key(),
-                          config=v.params, source_hash=v.hash(), **v.geometry(), time_us=10.0,
-                          environment={"device": "test"})
-    return str(path)
 
 
 def _bwd_cf(**config):
@@ -358,7 +353,8 @@ def test_nearest_backward_passes_over_tiles_more_than_twice_the_sequence(rt, tmp
     entry that fits, however near (session 62, H200: (8, 5120, 4096) took 430.9 us on the (1, 5376, 32768) winner's
     16384-position tiles, 286.4 on the (8, 5120, 2048) winner's)."""
     assert (LONG_TILES.geometry()["tile_l"], TILES_2048.geometry()["tile_l"]) == (16384, 2048)
-    rt.set_tuning_dbs([_bwd_cf_db(tmp_path / "t.db", [(LONG_TILES, (1, 5376, 32768)), (TILES_2048, (8, 5120, 2048))])])
+    entries = [(LONG_TILES, (1, 5376, 32768)), (TILES_2048, (8, 5120, 2048))]
+    rt.set_tuning_dbs([tuned_bwd_db(tmp_path / "t.db", entries)])
     for seqlen, want in ((4096, TILES_2048), (8000, TILES_2048), (8192, LONG_TILES), (16384, LONG_TILES)):
         e = rt.explain_bwd(*args(sizes=(8, 5120, seqlen, 4), w_dtype=BF16), arch=ARCH)
         # (8000 cuts a segment: the twin serves, test_realign.py)
@@ -369,7 +365,7 @@ def test_nearest_backward_passes_over_tiles_more_than_twice_the_sequence(rt, tmp
 def test_nearest_backward_passes_over_segments_longer_than_the_sequence(rt, tmp_path):
     """As the forward's, for held segments: no row would run a whole segment on the fast path
     (session 62, H200: (2, 4096, 1000) took 90.2 us on 1024-position segments, 39.3 on 512)."""
-    rt.set_tuning_dbs([_bwd_cf_db(tmp_path / "t.db", [(TILES_2048, (2, 4096, 2048)), (TILES_512, (1, 5120, 512))])])
+    rt.set_tuning_dbs([tuned_bwd_db(tmp_path / "t.db", [(TILES_2048, (2, 4096, 2048)), (TILES_512, (1, 5120, 512))])])
     for seqlen, want in ((1000, TILES_512), (1016, TILES_512), (1024, TILES_2048), (1536, TILES_2048)):
         e = rt.explain_bwd(*args(sizes=(2, 4096, seqlen, 4), w_dtype=BF16), arch=ARCH)
         assert e["key"].removesuffix(".realign") == want.key(), (seqlen, e["key"])
@@ -382,7 +378,7 @@ def test_walked_segments_longer_than_the_sequence_misfit_only_through_the_twin(r
     walked = _bwd_cf(threads=128, nvec=8, rows=4, max_regs=255)
     assert walked.geometry()["tile_l"] == 2048 and "#define CC1D_BWD_WALKED 1\n" in walked.source
     assert "#define CC1D_BWD_WALKED 0\n" in TILES_512.source
-    rt.set_tuning_dbs([_bwd_cf_db(tmp_path / "t.db", [(walked, (2, 4096, 2048)), (TILES_512, (1, 5120, 512))])])
+    rt.set_tuning_dbs([tuned_bwd_db(tmp_path / "t.db", [(walked, (2, 4096, 2048)), (TILES_512, (1, 5120, 512))])])
     for seqlen, want in ((1000, walked.key()), (1001, TILES_512.key() + ".realign"),
                          (2047, TILES_512.key() + ".realign"), (2049, walked.key() + ".realign")):
         e = rt.explain_bwd(*args(sizes=(2, 4096, seqlen, 4), w_dtype=BF16), arch=ARCH)
@@ -390,7 +386,7 @@ def test_walked_segments_longer_than_the_sequence_misfit_only_through_the_twin(r
 
 
 def test_a_misfit_nearest_backward_says_why_where_none_fits(rt, tmp_path):
-    rt.set_tuning_dbs([_bwd_cf_db(tmp_path / "t.db", [(LONG_TILES, (1, 5376, 32768))])])
+    rt.set_tuning_dbs([tuned_bwd_db(tmp_path / "t.db", [(LONG_TILES, (1, 5376, 32768))])])
     e = rt.explain_bwd(*args(sizes=(8, 5120, 4096, 4), w_dtype=BF16), arch=ARCH)
     assert (e["reason"], e["key"]) == ("nearest", LONG_TILES.key())
     assert ("its tiles (16384 positions, 4 segments side by side) are more than twice this call's sequence, so "
@@ -398,24 +394,13 @@ def test_a_misfit_nearest_backward_says_why_where_none_fits(rt, tmp_path):
             ) in e["detail"]
     e = rt.explain_bwd(*args(sizes=(8, 5120, 8192, 4), w_dtype=BF16), arch=ARCH)
     assert "no tuned entry's kernel fits the call" not in e["detail"], e["detail"]
-    rt.set_tuning_dbs([_bwd_cf_db(tmp_path / "held.db", [(TILES_2048, (8, 5120, 2048))])])
+    rt.set_tuning_dbs([tuned_bwd_db(tmp_path / "held.db", [(TILES_2048, (8, 5120, 2048))])])
     e = rt.explain_bwd(*args(sizes=(8, 5120, 1000, 4), w_dtype=BF16), arch=ARCH)
     assert ("its kernel's segments (1024 positions) are longer than this call's sequence, so no row runs a whole "
             "segment on the fast path, and no tuned entry's kernel fits the call: cc1d-tune this shape") in e["detail"]
 
 
 # ---- the partial-sum layout (split_blocks) from a tuning DB ---------------------
-
-def _tuned_db(path, variant, b=2, d=16, l=128):
-    from cc1d.tuner.db import TuningDB
-    with TuningDB(path) as db:
-        db.put_winner(variant.source, arch=ARCH, family_key=variant.family.key(),
-                      shape_key=f"b{b}.d{d}.l{l}.bias.silu", op="bwd", batch=b, dim=d, seqlen=l,
-                      features="bias,silu", variant_key=variant.key(), config=variant.params,
-                      source_hash=variant.hash(), **variant.geometry(), time_us=10.0,
-                      environment={"device": "test"})
-        db.finalize()
-
 
 def _with_split_blocks(variant, split_blocks):
     from cc1d.generator import Variant
@@ -428,7 +413,7 @@ def test_a_tuned_split_blocks_sets_the_workspace(rt, tmp_path, split_blocks):
     tuned = _with_split_blocks(fallback_chain(fam)[0], split_blocks)
     assert f".s{split_blocks}" in tuned.key()
     b, d, l = 8, 64, 4096
-    _tuned_db(tmp_path / "bwd.db", tuned, b, d, l)
+    tuned_bwd_db(tmp_path / "bwd.db", [(tuned, (b, d, l))])
     rt.set_tuning_dbs([str(tmp_path / "bwd.db")])
     a = args(sizes=(b, d, l, 4), w_dtype=F32)
     e = rt.explain_bwd(*a, arch=ARCH)
@@ -443,7 +428,7 @@ def test_a_schema_1_db_runs_its_backward_winners_with_2048_blocks(rt, tmp_path):
     fam = Family("bwd", "cf", "bf16", "f32", 4)
     tuned = _with_split_blocks(fallback_chain(fam)[0], 512)
     path = tmp_path / "v1.db"
-    _tuned_db(path, tuned)
+    tuned_bwd_db(path, [(tuned, (2, 16, 128))])
     con = sqlite3.connect(path)  # what a schema-1 tuner wrote: no split_blocks column
     con.execute("ALTER TABLE winners DROP COLUMN split_blocks")
     con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
@@ -458,7 +443,7 @@ def test_a_backward_row_without_split_blocks_is_skipped(rt, tmp_path):
     import sqlite3
     fam = Family("bwd", "cf", "bf16", "f32", 4)
     path = tmp_path / "bad.db"
-    _tuned_db(path, fallback_chain(fam)[-1])
+    tuned_bwd_db(path, [(fallback_chain(fam)[-1], (2, 16, 128))])
     con = sqlite3.connect(path)
     con.execute("UPDATE winners SET split_blocks = 0")
     con.commit()

@@ -3,9 +3,10 @@ CC1D_BWD_REALIGN, runtime dispatch.h realigned_twin): a channel-first forward or
 whose rows start off the vector boundary (an odd seqlen's), with the rows it walks lying
 alike (x's and out's; x's, dout's and dx's), runs a 16-byte winner through its twin instead
 of a 2-byte kernel; an aligned backward whose sequence cuts a held segment runs the twin
-where the source says so (CC1D_BWD_CUT_TWIN), which moves the cut segment back. The dispatcher's choice (no GPU), and every default and covering twin
-compiling for sm_90 (NVRTC) and gfx942 (hipRTC, marker amd). Their results on the GPU:
-test_forward_gpu.py and test_backward_gpu.py test_realigned_twins_match_reference."""
+where the source says so (CC1D_BWD_CUT_TWIN), which moves the cut segment back. The
+dispatcher's choice (no GPU), and every default and covering twin compiling for sm_90
+(NVRTC) and gfx942 (hipRTC, marker amd). Their results on the GPU: test_forward_gpu.py
+and test_backward_gpu.py test_realigned_twins_match_reference."""
 from __future__ import annotations
 
 import hashlib
@@ -184,16 +185,9 @@ def test_odd_backward_runs_the_catalogs_first_choice_through_its_twin(drt):
 
 
 def test_an_odd_backward_serves_a_tuned_winner_through_its_twin(drt, tmp_path):
-    from cc1d.tuner.db import TuningDB
-    from test_bwd_runtime import ARCH as BWD_ARCH, args
+    from test_bwd_runtime import ARCH as BWD_ARCH, args, tuned_bwd_db
     v = default_variant(BWD_BF16, "sm_90")
-    path = tmp_path / "t.db"
-    with TuningDB(path) as db:
-        db.put_winner(v.source, arch=BWD_ARCH, family_key=BWD_BF16.key(), shape_key="b2.d64.l4095.bias.silu",
-                      op="bwd", batch=2, dim=64, seqlen=4095, features="bias,silu", variant_key=v.key(),
-                      config=v.params, source_hash=v.hash(), **v.geometry(), time_us=10.0,
-                      environment={"device": "test"})
-    drt.set_tuning_dbs([str(path)])
+    drt.set_tuning_dbs([tuned_bwd_db(tmp_path / "t.db", [(v, (2, 64, 4095))])])
     e = drt.explain_bwd(*args(sizes=(2, 64, 4095, 4)), arch=BWD_ARCH)
     assert (e["reason"], e["key"]) == ("exact", v.key() + ".realign")
 
@@ -219,18 +213,6 @@ HELD_96 = _bwd_variant(threads=128, nvec=2, rows=4, max_regs=96)     # 512
 WALKED = _bwd_variant(threads=64, nvec=16, max_regs=128)             # 4096, walked
 
 
-def _bwd_db(path, entries):
-    from cc1d.tuner.db import TuningDB
-    from test_bwd_runtime import ARCH as BWD_ARCH
-    with TuningDB(path) as db:
-        for v, (b, d, l) in entries:
-            db.put_winner(v.source, arch=BWD_ARCH, family_key=BWD_BF16.key(), shape_key=f"b{b}.d{d}.l{l}.bias.silu",
-                          op="bwd", batch=b, dim=d, seqlen=l, features="bias,silu", variant_key=v.key(),
-                          config=v.params, source_hash=v.hash(), **v.geometry(), time_us=10.0,
-                          environment={"device": "test"})
-    return str(path)
-
-
 def test_the_source_says_which_backward_twins_take_cut_segments():
     """Held segments at the variant's own cap (128 or more): its twin moves the cut segment
     at the same occupancy. Below 128 registers, walked segments or one-element vectors
@@ -247,8 +229,8 @@ def test_an_aligned_backward_whose_sequence_cuts_a_segment_runs_the_twin(drt, tm
     """The (2, 64, 4096) winner's 1024-position segments: seqlen 4000 cuts the last one,
     so the call runs the twin; whole segments, a sequence of one segment or less, seq_idx
     or dfinal_states keep the plain build."""
-    from test_bwd_runtime import ARCH as BWD_ARCH, DFS, SEQ, args, with_ptr
-    drt.set_tuning_dbs([_bwd_db(tmp_path / "t.db", [(HELD_128, (2, 64, 4096))])])
+    from test_bwd_runtime import ARCH as BWD_ARCH, DFS, SEQ, args, tuned_bwd_db, with_ptr
+    drt.set_tuning_dbs([tuned_bwd_db(tmp_path / "t.db", [(HELD_128, (2, 64, 4096))])])
     for seqlen in (4000, 3000, 1032):
         e = drt.explain_bwd(*args(sizes=(2, 64, seqlen, 4)), arch=BWD_ARCH)
         assert e["variant"] == realigned(HELD_128.as_runtime_dict()), (seqlen, e["key"])
@@ -265,9 +247,9 @@ def test_an_aligned_backward_whose_sequence_cuts_a_segment_runs_the_twin(drt, tm
 
 
 def test_lower_caps_and_walked_segments_keep_their_plain_build_at_cut_lengths(drt, tmp_path):
-    from test_bwd_runtime import ARCH as BWD_ARCH, args
+    from test_bwd_runtime import ARCH as BWD_ARCH, args, tuned_bwd_db
     for v in (HELD_96, WALKED):
-        drt.set_tuning_dbs([_bwd_db(tmp_path / f"{v.key()}.db", [(v, (2, 64, 16384))])])
+        drt.set_tuning_dbs([tuned_bwd_db(tmp_path / f"{v.key()}.db", [(v, (2, 64, 16384))])])
         e = drt.explain_bwd(*args(sizes=(2, 64, 16000, 4)), arch=BWD_ARCH)
         assert e["variant"] == v.as_runtime_dict(), e["key"]
 
@@ -284,9 +266,9 @@ def test_the_catalog_default_runs_its_twin_at_cut_lengths_on_nvidia_only(drt):
 
 def test_the_generator_knows_which_calls_take_the_twin_for_a_cut_segment(drt, tmp_path):
     """Variant.twin_takes_cut (what the tuner times) agrees with the runtime's choice."""
-    from test_bwd_runtime import ARCH as BWD_ARCH, args
+    from test_bwd_runtime import ARCH as BWD_ARCH, args, tuned_bwd_db
     for v in (HELD_128, HELD_96, WALKED, default_variant(BWD_BF16, "sm_90")):
-        drt.set_tuning_dbs([_bwd_db(tmp_path / f"{v.key()}.db", [(v, (2, 64, 4096))])])
+        drt.set_tuning_dbs([tuned_bwd_db(tmp_path / f"{v.key()}.db", [(v, (2, 64, 4096))])])
         for seqlen in (8, 504, 512, 1000, 1024, 1032, 2040, 3072, 4000, 4096, 5000, 16000):
             e = drt.explain_bwd(*args(sizes=(2, 64, seqlen, 4)), arch=BWD_ARCH)
             assert e["key"].endswith(".realign") == v.twin_takes_cut(seqlen, BWD_ARCH), (v.key(), seqlen, e["key"])

@@ -475,8 +475,8 @@ def tiling_misfits(shape: Shape, row: dict, arch: str) -> bool:
         return False
     if shape.op == "fwd":
         return True
-    v = Variant.of(shape.family(), **json.loads(row["config"]))
-    return not bwd_cf_walked(v.params) or v.rows_off_vectors(shape.seqlen)
+    rows_off_vectors = shape.seqlen * shape.family().x_bytes % row["align_bytes"] != 0  # served by the twin
+    return not bwd_cf_walked(json.loads(row["config"])) or rows_off_vectors
 
 
 def served_winner(db: TuningDB, arch: str, shape: Shape) -> dict | None:

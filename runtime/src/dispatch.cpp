@@ -369,17 +369,20 @@ std::shared_ptr<Decision> pick(const Call& p, const std::string& arch, const Cha
   const TunedEntry* best = nullptr;
   const TunedSet* best_set = nullptr;
   double best_rank = 0, best_distance = 0;
+  std::string best_misfit;
   for (const auto& set : sets)
     for (const TunedEntry& e : set->entries) {
       if (e.family != family || !call_runs(p, *e.variant) || broken(*set, e)) continue;
       const double dist = shape_distance(p.batch, p.dim, p.seqlen, e);
+      std::string misfit = tiling_misfit(p, arch, *e.variant);
       const double rank = dist + kFeatureMismatchRank * __builtin_popcount(e.features ^ features) +
-                          (tiling_misfit(p, arch, *e.variant).empty() ? 0.0 : kMisfitRank);
+                          (misfit.empty() ? 0.0 : kMisfitRank);
       if (!best || rank < best_rank) {
         best = &e;
         best_set = set.get();
         best_rank = rank;
         best_distance = dist;
+        best_misfit = std::move(misfit);
       }
     }
   if (best) {
@@ -392,8 +395,8 @@ std::shared_ptr<Decision> pick(const Call& p, const std::string& arch, const Cha
     if (best->features != features)
       d->detail += " (tuned with features [" + features_string(best->features) + "]; none tuned with [" +
                    features_string(features) + "])";
-    const std::string misfit = tiling_misfit(p, arch, *best->variant);
-    if (!misfit.empty()) d->detail += "; " + misfit + ", and no tuned entry's kernel fits the call: cc1d-tune this shape";
+    if (!best_misfit.empty())
+      d->detail += "; " + best_misfit + ", and no tuned entry's kernel fits the call: cc1d-tune this shape";
     if (best_distance > kFarDistance) {
       char dist[32];
       std::snprintf(dist, sizeof dist, "%.2f", best_distance);
@@ -428,13 +431,16 @@ std::shared_ptr<Decision> pick(const Call& p, const std::string& arch, const Cha
 
 std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, const Chain& chain) {
   std::shared_ptr<Decision> d = pick(p, arch, chain);
-  if (is_realigned(*d->variant) && p.align % d->variant->align_bytes == 0)
+  const KernelVariant& v = *d->variant;
+  if (!is_realigned(v)) return d;
+  if (p.align % v.align_bytes == 0)  // served for its cut segment (cut_twin)
     d->detail += "; realigned build: it moves the segment this call's sequence cuts (" +
-                 std::to_string(cf_segment_positions(*d->variant, arch)) +
+                 std::to_string(cf_segment_positions(v, arch)) +
                  " positions) back onto its fast path, which its plain build runs on the edge path";
-  else if (is_realigned(*d->variant))
-    d->detail += std::string("; realigned build: ") + op_rows(p.op) + " rows start off its " + std::to_string(d->variant->align_bytes) +
-                 "-byte vectors (alike), the call's alignment is " + std::to_string(p.align) + " bytes";
+  else
+    d->detail += std::string("; realigned build: ") + op_rows(p.op) + " rows start off its " +
+                 std::to_string(v.align_bytes) + "-byte vectors (alike), the call's alignment is " +
+                 std::to_string(p.align) + " bytes";
   return d;
 }
 
