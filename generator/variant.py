@@ -99,6 +99,17 @@ def realign_define(key: str) -> str:
                      "variants (keys 'fwd.cf.*', 'bwd.cf.*') have one")
 
 
+def twin_source(key: str, source: str) -> str | None:
+    """The source of the realigned twin the runtime builds from a stored variant's source
+    (dispatch.cpp twinnable: a channel-first forward or backward whose source names its
+    op's realign macro, i.e. was rendered by templates that know the build), or None."""
+    if not key.startswith(("fwd.cf.", "bwd.cf.")):
+        return None
+    define = realign_define(key)
+    macro = define.split()[1]  # "#define CC1D_FWD_REALIGN 1" -> CC1D_FWD_REALIGN
+    return define + source if macro in source else None
+
+
 def realigned(kernel: dict) -> dict:
     """The realigned twin of a channel-first forward or backward variant's runtime dict, as
     the runtime makes it (dispatch.h realigned_twin): the source led by its op's define,

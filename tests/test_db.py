@@ -322,7 +322,7 @@ def test_compile_problems_compiles_each_source_once_per_arch(tmp_path):
     compiled = []
     cl = default_variant(families("fwd", "cl")[3])  # _filled stores it once; it "fails to compile"
 
-    def fake_compile(source, arch):
+    def fake_compile(source, arch, options):
         compiled.append((sha256(source), arch))
         if sha256(source) == cl.hash():
             raise RuntimeError("NVRTC failed\ncc1d_kernel.cu(3): error: injected")
@@ -337,6 +337,27 @@ def test_compile_problems_compiles_each_source_once_per_arch(tmp_path):
     assert len(problems) == len(cl_fails) == 2, problems
     assert problems[0].startswith("sm_80 ") and "does not compile for sm_80" in problems[0]
     assert "b1.d64.l128.bias.silu" in problems[1] and "b9.d64.l128.bias.silu" in problems[1]
+
+
+def test_compile_problems_compiles_every_named_build_and_names_the_one_that_fails(tmp_path):
+    """builds(key, source) lists the kernels the runtime makes from a source: each is
+    compiled with its options, and a failure says which build it was."""
+    calls = []
+
+    def fake_compile(source, arch, options):
+        calls.append((source[:7], tuple(options)))
+        if options == ["-DSEQ"]:
+            raise RuntimeError("NVRTC failed\ncc1d_kernel.cu(9): error: injected in the seq build")
+
+    def builds(key, source):
+        return [("plain", source, []), ("seq_idx", source, ["-DSEQ"]), ("realigned", "#twin\n" + source, [])]
+
+    with _filled(tmp_path / "a.db") as db:
+        n = len({(w["source_hash"], w["variant_key"]) for w in db.winners()})
+        problems = db.compile_problems(fake_compile, builds=builds)
+    assert len(calls) == 3 * n and sum(1 for s, _ in calls if s.startswith("#twin\n")) == n
+    assert len(problems) == n and all("its seq_idx build does not compile for sm_90: "
+                                      "cc1d_kernel.cu(9): error: injected in the seq build" in p for p in problems)
 
 
 def test_a_schema_1_db_is_migrated_in_place(tmp_path):

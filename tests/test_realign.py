@@ -58,6 +58,36 @@ def test_a_backward_twin_is_led_by_the_backward_define():
         realigned(default_variant(next(f for f in families("bwd") if f.layout == "cl"), "sm_90").as_runtime_dict())
 
 
+def test_twin_source_is_the_runtimes_twin_of_a_stored_source():
+    """A channel-first forward's or backward's source that names its op's macro gets the
+    define ahead (dispatch.cpp twinnable); other ops, layouts and older sources get none.
+    cc1d-tune db validate --compile and test_shipped_db compile those twins."""
+    from cc1d.generator.variant import twin_source
+    from cc1d.tuner.cli import _runtime_builds
+    fwd = default_variant(next(f for f in families("fwd") if f.layout == "cf"), "sm_90")
+    bwd = default_variant(CF_BWD[0], "sm_90")
+    cl = default_variant(next(f for f in families("bwd") if f.layout == "cl"), "sm_90")
+    assert twin_source(fwd.key(), fwd.source) == DEFINE + fwd.source
+    assert twin_source(bwd.key(), bwd.source) == BWD_REALIGN_DEFINE + bwd.source
+    assert twin_source(cl.key(), cl.source) is None
+    older = bwd.source.replace("CC1D_BWD_REALIGN", "CC1D_OTHER")  # rendered before the build existed
+    assert twin_source(bwd.key(), older) is None
+
+    class _Rt:
+        @staticmethod
+        def bwd_seq_build_options():
+            return ["-DCC1D_BWD_SEQ_TILES=1"]
+
+    seq = ["-DCC1D_BWD_SEQ_TILES=1"]
+    assert _runtime_builds(_Rt, fwd.key(), fwd.source) == [("plain", fwd.source, []),
+                                                           ("realigned", DEFINE + fwd.source, [])]
+    assert _runtime_builds(_Rt, bwd.key(), bwd.source) == [
+        ("plain", bwd.source, []), ("seq_idx", bwd.source, seq),
+        ("realigned", BWD_REALIGN_DEFINE + bwd.source, []), ("realigned seq_idx", BWD_REALIGN_DEFINE + bwd.source, seq)]
+    assert _runtime_builds(_Rt, cl.key(), cl.source) == [("plain", cl.source, []), ("seq_idx", cl.source, seq)]
+    assert _runtime_builds(_Rt, bwd.key(), older) == [("plain", older, []), ("seq_idx", older, seq)]
+
+
 def test_the_tuner_times_an_odd_lengths_candidate_as_its_twin():
     """GpuEvaluator launches (and compiles) the twin where the shape's rows start off the
     candidate's vectors, as the dispatcher will serve the stored winner there."""

@@ -75,12 +75,23 @@ def test_validates(shipped):
 
 
 def test_compiles_for_its_arch(shipped, nvrtc):
+    """Every winner's stored source, and every build the runtime makes from it (a
+    backward's seq_idx build, the realigned twins that odd and cut lengths run)."""
     if not shipped.stem.startswith("sm_"):
         pytest.skip(f"{shipped.stem}: only NVIDIA targets are compiled here (AMD: tests/test_compile_amd.py)")
+    from cc1d.tuner.cli import _runtime_builds
+    built = []
+
+    def compile(src, arch, options):
+        built.append((src[:40], tuple(options)))
+        return nvrtc.compile(src, arch, options)
+
     with TuningDB(shipped, readonly=True) as db:
-        problems = db.compile_problems(lambda src, arch: nvrtc.compile(src, arch), archs=[shipped.stem],
-                                       workers=max(2, os.cpu_count() or 2))
+        problems = db.compile_problems(compile, archs=[shipped.stem], workers=max(2, os.cpu_count() or 2),
+                                       builds=lambda key, src: _runtime_builds(nvrtc, key, src))
     assert not problems, "\n".join(problems[:20])
+    twins = [b for b in built if b[0].startswith(("#define CC1D_FWD_REALIGN", "#define CC1D_BWD_REALIGN"))]
+    assert twins and any(opts for _, opts in twins), "no realigned twin (or its seq_idx build) was compiled"
 
 
 def test_installed_with_the_package(shipped):

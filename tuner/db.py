@@ -424,32 +424,40 @@ class TuningDB:
                 self.put_winner(source, **row)
         return done, left
 
-    def compile_problems(self, compile: Callable[[str, str], object], archs: Iterable[str] | None = None,
-                         workers: int = 1) -> list[str]:
-        """Compile each distinct winner source once per arch (``compile(source, arch)``
-        raising on failure), for the archs given (default: all stored); a line per failure."""
-        todo: dict[tuple[str, str], list[str]] = {}
+    def compile_problems(self, compile: Callable[[str, str, list[str]], object],
+                         archs: Iterable[str] | None = None, workers: int = 1,
+                         builds: Callable[[str, str], list[tuple[str, str, list[str]]]] | None = None
+                         ) -> list[str]:
+        """Compile each distinct winner source once per arch (``compile(source, arch,
+        options)`` raising on failure), for the archs given (default: all stored); a line per
+        failure. ``builds(variant_key, source)`` names every kernel the runtime may build
+        from a source ((name, source, options); default the plain source alone): each is
+        compiled, and a failure names its build."""
+        todo: dict[tuple[str, str, str], list[str]] = {}
         for w in self.winners():
             if archs is None or w["arch"] in archs:
-                todo.setdefault((w["arch"], w["source_hash"]), []).append(
+                todo.setdefault((w["arch"], w["source_hash"], w["variant_key"]), []).append(
                     f"{w['arch']} {w['family_key']} {w['shape_key']} ({w['variant_key']})")
 
-        sources = {h: self.source(h) for _, h in todo}  # read here: the connection stays in this thread
+        sources = {h: self.source(h) for _, h, _ in todo}  # read here: the connection stays in this thread
 
-        def one(item: tuple[tuple[str, str], list[str]]) -> str | None:
-            (arch, source_hash), names = item
+        def one(item: tuple[tuple[str, str, str], list[str]]) -> list[str]:
+            (arch, source_hash, key), names = item
             src = sources[source_hash]
             if src is None:
-                return f"{names[0]}: source {source_hash[:12]} missing"
-            try:
-                compile(src, arch)
-            except Exception as exc:  # the compiler's message is the finding
-                first = next((ln for ln in str(exc).splitlines() if "error" in ln.lower()), str(exc)[:300])
-                return f"{', '.join(names)}: does not compile for {arch}: {first.strip()}"
-            return None
+                return [f"{names[0]}: source {source_hash[:12]} missing"]
+            problems = []
+            for build, source, options in (builds(key, src) if builds else [("plain", src, [])]):
+                try:
+                    compile(source, arch, list(options))
+                except Exception as exc:  # the compiler's message is the finding
+                    first = next((ln for ln in str(exc).splitlines() if "error" in ln.lower()), str(exc)[:300])
+                    what = "" if build == "plain" else f"its {build} build "
+                    problems.append(f"{', '.join(names)}: {what}does not compile for {arch}: {first.strip()}")
+            return problems
 
         with ThreadPoolExecutor(max(1, workers)) as pool:
-            return [p for p in pool.map(one, sorted(todo.items())) if p]
+            return [p for found in pool.map(one, sorted(todo.items())) for p in found]
 
     def finalize(self) -> None:
         """Make the file ready to ship: VACUUM it, fold the WAL into it and switch it to
