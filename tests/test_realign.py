@@ -63,7 +63,7 @@ def test_twin_source_is_the_runtimes_twin_of_a_stored_source():
     define ahead (dispatch.cpp twinnable); other ops, layouts and older sources get none.
     cc1d-tune db validate --compile and test_shipped_db compile those twins."""
     from cc1d.generator.variant import twin_source
-    from cc1d.tuner.cli import _runtime_builds
+    from cc1d.tuner.db import runtime_builds
     fwd = default_variant(next(f for f in families("fwd") if f.layout == "cf"), "sm_90")
     bwd = default_variant(CF_BWD[0], "sm_90")
     cl = default_variant(next(f for f in families("bwd") if f.layout == "cl"), "sm_90")
@@ -79,13 +79,13 @@ def test_twin_source_is_the_runtimes_twin_of_a_stored_source():
             return ["-DCC1D_BWD_SEQ_TILES=1"]
 
     seq = ["-DCC1D_BWD_SEQ_TILES=1"]
-    assert _runtime_builds(_Rt, fwd.key(), fwd.source) == [("plain", fwd.source, []),
+    assert runtime_builds(_Rt, fwd.key(), fwd.source) == [("plain", fwd.source, []),
                                                            ("realigned", DEFINE + fwd.source, [])]
-    assert _runtime_builds(_Rt, bwd.key(), bwd.source) == [
+    assert runtime_builds(_Rt, bwd.key(), bwd.source) == [
         ("plain", bwd.source, []), ("seq_idx", bwd.source, seq),
         ("realigned", BWD_REALIGN_DEFINE + bwd.source, []), ("realigned seq_idx", BWD_REALIGN_DEFINE + bwd.source, seq)]
-    assert _runtime_builds(_Rt, cl.key(), cl.source) == [("plain", cl.source, []), ("seq_idx", cl.source, seq)]
-    assert _runtime_builds(_Rt, bwd.key(), older) == [("plain", older, []), ("seq_idx", older, seq)]
+    assert runtime_builds(_Rt, cl.key(), cl.source) == [("plain", cl.source, []), ("seq_idx", cl.source, seq)]
+    assert runtime_builds(_Rt, bwd.key(), older) == [("plain", older, []), ("seq_idx", older, seq)]
 
 
 def test_the_tuner_times_an_odd_lengths_candidate_as_its_twin():

@@ -79,7 +79,7 @@ def test_compiles_for_its_arch(shipped, nvrtc):
     backward's seq_idx build, the realigned twins that odd and cut lengths run)."""
     if not shipped.stem.startswith("sm_"):
         pytest.skip(f"{shipped.stem}: only NVIDIA targets are compiled here (AMD: tests/test_compile_amd.py)")
-    from cc1d.tuner.cli import _runtime_builds
+    from cc1d.tuner.db import runtime_builds
     built = []
 
     def compile(src, arch, options):
@@ -88,7 +88,7 @@ def test_compiles_for_its_arch(shipped, nvrtc):
 
     with TuningDB(shipped, readonly=True) as db:
         problems = db.compile_problems(compile, archs=[shipped.stem], workers=max(2, os.cpu_count() or 2),
-                                       builds=lambda key, src: _runtime_builds(nvrtc, key, src))
+                                       builds=lambda key, src: runtime_builds(nvrtc, key, src))
     assert not problems, "\n".join(problems[:20])
     twins = [b for b in built if b[0].startswith(("#define CC1D_FWD_REALIGN", "#define CC1D_BWD_REALIGN"))]
     assert twins and any(opts for _, opts in twins), "no realigned twin (or its seq_idx build) was compiled"

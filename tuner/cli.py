@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..generator import arch_info, variants
-from ..generator.variant import twin_source
-from .db import DBError, TuningDB, default_db_path, family_from_key
+from .db import DBError, TuningDB, default_db_path, family_from_key, runtime_builds
 from .device import DeviceInfo, environment, probe_device
 from .shapes import Shape, ShapesError, load_shapes
 
@@ -174,23 +173,6 @@ def _timed_builds(rt: Any, winner: dict) -> list[tuple[str, list[str]]]:
             builds.append(("fixed", list(fixed)))
         elif shape.op == "bwd" and shape.seq_idx:
             builds.append(("seq_idx", list(rt.bwd_seq_build_options())))
-    return builds
-
-
-def _runtime_builds(rt: Any, key: str, source: str) -> list[tuple[str, str, list[str]]]:
-    """(name, source, compiler options) of each kernel the runtime may build from a stored
-    winner's source whatever the call: the plain source; a backward's seq_idx build; a
-    channel-first forward's or backward's realigned twin (and the backward twin's seq_idx
-    build). A plan's fixed kernel takes the call's values, so it is not among them."""
-    seq = list(rt.bwd_seq_build_options()) if key.startswith("bwd.") else None
-    twin = twin_source(key, source)
-    builds = [("plain", source, [])]
-    if seq is not None:
-        builds.append(("seq_idx", source, seq))
-    if twin is not None:
-        builds.append(("realigned", twin, []))
-        if seq is not None:
-            builds.append(("realigned seq_idx", twin, seq))
     return builds
 
 
@@ -409,7 +391,7 @@ def db_main(argv: Sequence[str]) -> int:
                 rt = _runtime()
                 problems += db.compile_problems(lambda src, arch, opts: rt.compile(src, arch, opts),
                                                 workers=os.cpu_count() or 1,
-                                                builds=functools.partial(_runtime_builds, rt))
+                                                builds=functools.partial(runtime_builds, rt))
             for p in problems:
                 print(f"INVALID {p}")
             print(f"{len(db.winners())} winners checked in {path}{' (and compiled)' if args.compile else ''}: "

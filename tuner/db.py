@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator
 
 from ..generator import EPOCH, Family, Variant, arch_info
+from ..generator.variant import twin_source
 
 log = logging.getLogger("cc1d")
 
@@ -73,6 +74,24 @@ def winner_variant(row: dict) -> Variant:
     """The variant a winners-table row names, rebuilt from its family key and config (as
     today's generator renders it). ValueError or KeyError where the config does not fit."""
     return Variant.of(family_from_key(row["family_key"]), **json.loads(row["config"]))
+
+
+def runtime_builds(rt: Any, key: str, source: str) -> list[tuple[str, str, list[str]]]:
+    """(name, source, compiler options) of each kernel the runtime may build from a stored
+    winner's source whatever the call: the plain source; a backward's seq_idx build; a
+    channel-first forward's or backward's realigned twin (and the backward twin's seq_idx
+    build). A plan's fixed kernel takes the call's values, so it is not among them. `rt` is
+    the runtime module (its bwd_seq_build_options); compile_problems(builds=...) takes them."""
+    seq = list(rt.bwd_seq_build_options()) if key.startswith("bwd.") else None
+    twin = twin_source(key, source)
+    builds = [("plain", source, [])]
+    if seq is not None:
+        builds.append(("seq_idx", source, seq))
+    if twin is not None:
+        builds.append(("realigned", twin, []))
+        if seq is not None:
+            builds.append(("realigned seq_idx", twin, seq))
+    return builds
 
 
 class TuningDB:
