@@ -148,7 +148,7 @@ def test_nearest_prefers_a_kernel_whose_segment_fits_the_sequence(rt, tmp_path):
     """A channel-first forward kernel's fast path takes whole segments: an entry whose
     segment is longer than the call's sequence ranks behind every one whose segment fits,
     however near (its kernel would run every row on the edge path)."""
-    from cc1d.tuner.search import cf_segment_positions  # equals the kernel's SEG_L (test_render.py)
+    from cc1d.generator.variant import cf_segment_positions  # equals the kernel's SEG_L (test_render.py)
     long_seg = next(v for v in V16 if cf_segment_positions(v.geometry(), ARCH) == 2048)
     short_seg = next(v for v in V16 if cf_segment_positions(v.geometry(), ARCH) == 512)
     path = make_db(tmp_path / "t.db", [(long_seg, 8, 4096, 2048), (short_seg, 1, 4096, 512)])

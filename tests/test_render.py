@@ -122,9 +122,9 @@ def test_cut_tile_segments_move_within_their_tile_only_where_varlen_mends_in_the
 
 def test_dispatchers_segment_length_is_the_kernels():
     """The dispatcher's segment length of a channel-first forward winner (runtime/src/dispatch.cpp,
-    tuner/search.py cf_segment_positions, from the stored geometry) is the kernel's SEG_L:
+    generator/variant.py cf_segment_positions, from the stored geometry) is the kernel's SEG_L:
     a row's threads in segments of one warp (32 lanes on sm_90), VE * NV positions a lane."""
-    from cc1d.tuner.search import cf_segment_positions
+    from cc1d.generator.variant import cf_segment_positions
     for fam in [f for f in families() if f.op == "fwd" and f.layout == "cf"]:
         for v in variants(fam):
             g, ctx = v.geometry(), template_context(v)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from cc1d.generator import Variant, default_variant, families, variants
-from cc1d.tuner.db import TuningDB, family_from_key
+from cc1d.generator import default_variant, families, variants
+from cc1d.tuner.db import TuningDB, family_from_key, winner_variant
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "tuning_db").glob("*.db"))
@@ -281,7 +281,7 @@ def test_the_tuners_served_winner_is_the_dispatchers_pick(tmp_path):
                     continue  # a midpoint: the runtime's rounding decides
                 probes.append(call_for(w["family_key"], b, d, n, ",".join(sorted(f))))
                 row = served_winner(db, "sm_90", shape)
-                v = Variant.of(shape.family(), **json.loads(row["config"]))
+                v = winner_variant(row)
                 twin = v.twin_takes_cut(n, "sm_90", seq_idx=shape.seq_idx, final_states=shape.final_states)
                 expected.append((w["family_key"], shape.key(), row["variant_key"] + (".realign" if twin else "")))
     assert len(probes) > 2 * len(winners)

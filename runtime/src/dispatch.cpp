@@ -152,9 +152,10 @@ std::string tiling_misfit(const Call& p, const std::string& arch, const KernelVa
   if (p.layout != Layout::channel_first || (p.op != Op::fwd && p.op != Op::bwd)) return {};
   const int64_t seg = cf_segment_positions(v, arch);
   if (seg <= 0) return {};
-  const bool walked_plain = p.op == Op::bwd && p.align % v.align_bytes == 0 &&
-                            v.source.find("#define CC1D_BWD_WALKED 1") != std::string::npos;
-  if (p.seqlen < seg && !walked_plain)
+  // Walked backward segments in their plain build (the rows meet v's vectors) take a shorter
+  // sequence well; their source marker is looked up only then, not for every ranked entry.
+  if (p.seqlen < seg && !(p.op == Op::bwd && p.align % v.align_bytes == 0 &&
+                          v.source.find("#define CC1D_BWD_WALKED 1") != std::string::npos))
     return "its kernel's segments (" + std::to_string(seg) + " positions) are longer than this call's sequence, "
            "so no row runs a whole segment on the fast path";
   const int64_t segments = int64_t(v.tile_l) / seg;  // side by side in a block, per row
