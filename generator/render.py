@@ -50,12 +50,24 @@ def realign_max_regs(max_regs: int) -> int:
     return max_regs + 8 if max_regs <= 64 else max_regs
 
 
-def bwd_realign_max_regs(max_regs: int) -> int:
+def bwd_realign_max_regs(max_regs: int, seq_idx: bool = False) -> int:
     """The register cap of a channel-first backward's realigned build (bwd_channel_first.cu.j2,
-    CC1D_BWD_REALIGN): at least 128. Its partial vectors, computed alone after the segments,
-    and the moved cut segment keep more values live: at the shipped winners' caps of 64 and
-    96 the twins spilled 40-152 bytes (ptxas, sm_90, session 61); at 128, none."""
-    return max(max_regs, 128)
+    CC1D_BWD_REALIGN): 128, whatever the variant's own cap, but for the seq_idx build of
+    an uncapped (255) variant, which stays uncapped. Its partial vectors, computed alone
+    after the segments, and the moved cut segment keep more values live: at the shipped
+    winners' caps of 64 and 96 the twins spilled 40-152 bytes (ptxas, sm_90, session 61);
+    at 128, none. Left uncapped the compiler gave the twins 158-177 registers where most
+    plain builds of 128 threads or fewer take 128, so fewer blocks fit: session 64, H200,
+    the shipped `t128.v16.n8.r4.g255` twin at (2, 4096, 2000 / 2048 / 4095) 55.8 / 39.7 /
+    102.4 us at 168 registers, 45.9 / 33.9 / 88.8 at 128 (4 bytes spilled);
+    `t128.v16.n16.r4.g255` at (2, 4096, 4001) 92.4 against 78.8. At 128 the 255-cap
+    twins of the bf16 width-4 space spill nothing but `t64.v16.n{8,16}` (40 bytes, still
+    14 % faster) and `t128.v16.n{8,16}.r4` (4); the width 7 and 8 defaults' twins, none.
+    Their seq_idx builds would spill 40-236 bytes at 128 (their own take 198-233
+    registers), and a call with seq_idx and an odd length was not timed: uncapped."""
+    if seq_idx:
+        return max(max_regs, 128)
+    return 128
 
 
 def bwd_twin_takes_cuts(family, config: dict) -> bool:
@@ -64,16 +76,15 @@ def bwd_twin_takes_cuts(family, config: dict) -> bool:
     twin (dispatch.cpp cut_twin, read from the source's CC1D_BWD_CUT_TWIN). The twin moves
     the cut segment back onto the fast path where the plain build sends it to its edge
     path: held segments only (on NVIDIA GPUs, where the space gives every row a warp at
-    least), and only at the variant's own register cap (128 or more), so that as many
-    blocks fit. Session 62, H200, (2, 4096, 2000) / (2, 4096, 4000) / (8, 5120, 2000) /
-    (8, 5120, 3000): `t64.v16.n4.r1.g128`'s twin 40.2 / 77.6 / 168.5 / 326.4 us, its
+    least), and only where the variant's own register cap is the twin's (128) or looser,
+    so that at least as many blocks fit. Session 62, H200, (2, 4096, 2000) / (2, 4096,
+    4000) / (8, 5120, 2000) / (8, 5120, 3000): `t64.v16.n4.r1.g128`'s twin 40.2 / 77.6 / 168.5 / 326.4 us, its
     plain build 101.3 / 129.2 / 480.3 / 621.7 (the peer 40.1 / 63.2 / 159.9 / 216.3). At a
     cap of 96 the twin (128) fits fewer blocks and won two of four (`t128.v16.n2.r4.g96`:
     58.7 / 117.3 / 298.9 / 451.6 against 63.8 / 107.1 / 297.5 / 395.2); walked segments
     lost all four (their twin moves nothing). Vectors of one element were not measured."""
-    cap = int(config["max_regs"])
     return (int(config["vec_bytes"]) > family.x_bytes and not bwd_cf_walked(config) and
-            bwd_realign_max_regs(cap) == cap)
+            int(config["max_regs"]) >= bwd_realign_max_regs(int(config["max_regs"])))
 
 
 # The realigned builds' register caps, by (op, layout).
@@ -93,8 +104,10 @@ def template_context(variant: "Variant") -> dict:
         ctx.update(occupancy_bounds(int(params["threads"]), int(params["max_regs"])))
         realign_cap = REALIGN_CAPS.get((fam.op, fam.layout))
         if realign_cap is not None:
-            ctx["realign_min_blocks"] = occupancy_bounds(int(params["threads"]),
-                                                         realign_cap(int(params["max_regs"])))["min_blocks"]
+            threads, cap = int(params["threads"]), int(params["max_regs"])
+            ctx["realign_min_blocks"] = occupancy_bounds(threads, realign_cap(cap))["min_blocks"]
+            if fam.op == "bwd":
+                ctx["realign_seq_min_blocks"] = occupancy_bounds(threads, realign_cap(cap, seq_idx=True))["min_blocks"]
     if "vec_bytes" in params:
         ctx["vec_elems"] = int(params["vec_bytes"]) // fam.x_bytes
     if (fam.op, fam.layout) == ("bwd", "cf"):
