@@ -62,7 +62,7 @@ def bwd_realign_max_regs(max_regs: int, seq_idx: bool = False) -> int:
     102.4 us at 168 registers, 45.9 / 33.9 / 88.8 at 128 (4 bytes spilled);
     `t128.v16.n16.r4.g255` at (2, 4096, 4001) 92.4 against 78.8. At 128 the 255-cap
     twins of the bf16 width-4 space spill nothing but `t64.v16.n{8,16}` (40 bytes, still
-    14 % faster) and `t128.v16.n{8,16}.r4` (4); the width 7 and 8 defaults' twins, none.
+    9-14 % faster) and `t128.v16.n{8,16}.r4` (4); the width 7 and 8 defaults' twins, none.
     Their seq_idx builds would spill 40-236 bytes at 128 (their own take 198-233
     registers), and a call with seq_idx and an odd length was not timed: uncapped."""
     if seq_idx:
@@ -78,13 +78,15 @@ def bwd_twin_takes_cuts(family, config: dict) -> bool:
     path: held segments only (on NVIDIA GPUs, where the space gives every row a warp at
     least), and only where the variant's own register cap is the twin's (128) or looser,
     so that at least as many blocks fit. Session 62, H200, (2, 4096, 2000) / (2, 4096,
-    4000) / (8, 5120, 2000) / (8, 5120, 3000): `t64.v16.n4.r1.g128`'s twin 40.2 / 77.6 / 168.5 / 326.4 us, its
-    plain build 101.3 / 129.2 / 480.3 / 621.7 (the peer 40.1 / 63.2 / 159.9 / 216.3). At a
+    4000) / (8, 5120, 2000) / (8, 5120, 3000): `t64.v16.n4.r1.g128`'s twin 40.2 / 77.6 /
+    168.5 / 326.4 us, its plain build 101.3 / 129.2 / 480.3 / 621.7 (the peer 40.1 / 63.2
+    / 159.9 / 216.3; session 64's twin: 154.9 and 291.1 at 5120 x 2000 / 3000). At a
     cap of 96 the twin (128) fits fewer blocks and won two of four (`t128.v16.n2.r4.g96`:
     58.7 / 117.3 / 298.9 / 451.6 against 63.8 / 107.1 / 297.5 / 395.2); walked segments
     lost all four (their twin moves nothing). Vectors of one element were not measured."""
+    cap = int(config["max_regs"])
     return (int(config["vec_bytes"]) > family.x_bytes and not bwd_cf_walked(config) and
-            int(config["max_regs"]) >= bwd_realign_max_regs(int(config["max_regs"])))
+            cap >= bwd_realign_max_regs(cap))
 
 
 # The realigned builds' register caps, by (op, layout).

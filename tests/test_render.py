@@ -22,11 +22,13 @@ def test_render_every_variant(family):
             op = family.op.upper()
             cap = (realign_max_regs if family.op == "fwd" else bwd_realign_max_regs)(v.params["max_regs"])
             twin = occupancy_bounds(v.params["threads"], cap)
-            seq = ""  # the backward's realigned seq_idx build has a cap of its own
-            if family.op == "bwd":
-                seq_twin = occupancy_bounds(v.params["threads"], bwd_realign_max_regs(v.params["max_regs"], True))
-                seq = f"#if CC1D_BWD_REALIGN && defined(CC1D_BWD_SEQ_TILES)\n#define CC1D_BWD_MIN_BLOCKS {seq_twin['min_blocks']}\n#el"
-            assert (f"{seq}if CC1D_{op}_REALIGN\n#define CC1D_{op}_MIN_BLOCKS {twin['min_blocks']}\n#else\n"
+            head = "#if"
+            if family.op == "bwd":  # the backward's realigned seq_idx build has a cap of its own
+                seq_cap = bwd_realign_max_regs(v.params["max_regs"], seq_idx=True)
+                seq_blocks = occupancy_bounds(v.params["threads"], seq_cap)["min_blocks"]
+                head = (f"#if CC1D_BWD_REALIGN && defined(CC1D_BWD_SEQ_TILES)\n"
+                        f"#define CC1D_BWD_MIN_BLOCKS {seq_blocks}\n#elif")
+            assert (f"{head} CC1D_{op}_REALIGN\n#define CC1D_{op}_MIN_BLOCKS {twin['min_blocks']}\n#else\n"
                     f"#define CC1D_{op}_MIN_BLOCKS {bounds['min_blocks']}\n#endif\n") in src
             bounds = dict(bounds, min_blocks=f"CC1D_{op}_MIN_BLOCKS")
         assert ('extern "C" __global__ void CC1D_BOUNDS(THREADS, {min_blocks}, {waves_per_eu})'
