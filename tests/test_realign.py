@@ -244,9 +244,9 @@ WALKED = _bwd_variant(threads=64, nvec=16, max_regs=128)             # 4096, wal
 
 
 def test_the_source_says_which_backward_twins_take_cut_segments():
-    """Held segments at the variant's own cap (128 or more): its twin moves the cut segment
-    at the same occupancy. Below 128 registers, walked segments or one-element vectors
-    (unmeasured): the plain build."""
+    """Held segments whose own cap is the twin's (128) or looser: its twin moves the cut
+    segment with at least as many blocks resident. Below 128 registers, walked segments or
+    one-element vectors (unmeasured): the plain build."""
     from cc1d.generator.render import bwd_twin_takes_cuts
     for v, takes in ((HELD_128, True), (HELD_96, False), (WALKED, False),
                      (_bwd_variant(threads=128, nvec=2, max_regs=255), True),
