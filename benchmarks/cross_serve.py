@@ -1,0 +1,232 @@
+"""Cross-serve matrix: a family's tuned winners timed at calls that are not their own.
+
+An untuned call runs the winner of the nearest tuned shape (docs/DISPATCH.md: features,
+then tiling misfit, then |log(batch x seqlen)| + |log dim| apart). Whether that rule picks
+well is a question of times no tuning run measures: those of each winner at the other
+calls. This measures them. At every call of a grid it times every distinct variant the
+family's winners name (with their features), through the tuner's own evaluator: each is
+checked against the float64 reference on fresh data and timed as the tuner times it, as
+its realigned twin where the dispatcher would run that. It prints, per call, the variant
+the dispatcher serves, the fastest, and the served one's regret (its time over the
+fastest's, less one).
+
+--out keeps the matrix as JSON, with the winners rows it ranked; --score FILE ranks those
+rows again under each rule of RULES (no GPU) and prints every rule's regret, so that a
+change of the rule can be judged on measured times before it is made.
+
+    python benchmarks/cross_serve.py --family bwd.cf.bf16wbf16.w4 --batches 1,4,16 \\
+        --dims 2048,5120 --lengths 700,1500,3000,6000 [--db tuning_db/sm_90.db] --out m.json
+    python benchmarks/cross_serve.py --score m.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[1]
+FEATURES = ("bias", "silu")
+# Winners-row columns a rule may read (the row's source and environment stay in the DB).
+ROW_COLUMNS = ("family_key", "shape_key", "batch", "dim", "seqlen", "features", "variant_key", "config",
+               "threads", "tile_l", "tile_d", "align_bytes", "split_blocks", "time_us")
+
+
+def _ints(text: str, option: str, ap: argparse.ArgumentParser) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        ap.error(f"{option} expects positive integers separated by commas, got {text!r}")
+    return values
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--family", default="bwd.cf.bf16wbf16.w4", help="family key (default bwd.cf.bf16wbf16.w4)")
+    ap.add_argument("--features", default="bias,silu", help="the calls' features: bias, silu (default both)")
+    ap.add_argument("--batches", default="1,2,4,8,16")
+    ap.add_argument("--dims", default="2048,4096,5120")
+    ap.add_argument("--lengths", default="512,1000,1500,2048,3000,4096,6000,8192")
+    ap.add_argument("--db", type=Path, default=None, help="tuning DB (default: the shipped one for the GPU's arch)")
+    ap.add_argument("--out", type=Path, default=None, help="write the matrix as JSON here")
+    ap.add_argument("--score", type=Path, default=None, metavar="FILE",
+                    help="rank a saved matrix's rows under every rule and print their regret (no GPU)")
+    args = ap.parse_args(argv)
+    if args.score is not None:
+        if not args.score.is_file():
+            ap.error(f"--score: no such file {str(args.score)!r}")
+        return args
+    from cc1d.tuner.db import family_from_key
+    try:
+        args.family = family_from_key(args.family)
+    except (KeyError, ValueError) as exc:
+        ap.error(f"--family: not a family key ({exc}), got {args.family!r}")
+    if args.family.op not in ("fwd", "bwd"):
+        ap.error(f"--family: forward and backward families are timed, got op {args.family.op!r}")
+    args.features = sorted(f for f in args.features.split(",") if f)
+    bad = [f for f in args.features if f not in FEATURES]
+    if bad:
+        ap.error(f"--features expects some of {', '.join(FEATURES)} separated by commas, got {bad}")
+    args.batches = _ints(args.batches, "--batches", ap)
+    args.dims = _ints(args.dims, "--dims", ap)
+    args.lengths = _ints(args.lengths, "--lengths", ap)
+    if args.db is not None and not args.db.is_file():
+        ap.error(f"--db: no such file {str(args.db)!r}")
+    return args
+
+
+# ---- ranking rules (CPU) --------------------------------------------------------------
+
+def _distance(shape, row: dict, seqlen_weight: float, batch_apart: bool) -> float:
+    d = abs(math.log(shape.dim) - math.log(row["dim"]))
+    if batch_apart:
+        return d + seqlen_weight * abs(math.log(shape.seqlen) - math.log(row["seqlen"])) + \
+            abs(math.log(shape.batch) - math.log(row["batch"]))
+    return d + abs(math.log(shape.batch * shape.seqlen) - math.log(row["batch"] * row["seqlen"]))
+
+
+def current_rank(shape, row: dict, arch: str) -> tuple:
+    """The dispatcher's rule (tuner/search.py dispatch_rank)."""
+    from cc1d.tuner.search import dispatch_rank
+    return dispatch_rank(shape, row, arch)
+
+
+def seqlen_apart_rank(shape, row: dict, arch: str) -> tuple:
+    """The same, but sequence length and batch apart, the length counted twice: a kernel's
+    fit to its sequence (segments, tiles) does not carry over to a batch of the same size."""
+    features, misfit, _ = current_rank(shape, row, arch)
+    return features, misfit, _distance(shape, row, 2.0, True)
+
+
+RULES: dict[str, Callable] = {"current": current_rank, "seqlen-apart": seqlen_apart_rank}
+
+
+def pick(rows: list[dict], shape, rank: Callable, arch: str) -> dict:
+    """The row a rule serves the shape's calls from: the shape's own, else the lowest rank."""
+    key = shape.key()
+    own = [r for r in rows if r["shape_key"] == key]
+    return own[0] if own else min(rows, key=lambda r: rank(shape, r, arch))
+
+
+def _shape(family, batch: int, dim: int, seqlen: int, features: list[str]):
+    from cc1d.tuner.shapes import Shape
+    return Shape(family.op, family.layout, family.x_dtype, family.w_dtype, family.width, batch, dim, seqlen,
+                 bias="bias" in features, activation="silu" if "silu" in features else "none")
+
+
+def score(matrix: dict, rules: dict[str, Callable] = RULES) -> list[dict]:
+    """Each rule's regret over the matrix's calls: mean and worst of (picked / fastest - 1),
+    the calls within 5 % of the fastest, and the calls where the pick failed to run."""
+    from cc1d.tuner.db import family_from_key
+    family = family_from_key(matrix["family"])
+    out = []
+    for name, rank in rules.items():
+        regrets, failed, worst = [], 0, None
+        for call in matrix["calls"]:
+            times = {k: t for k, t in call["times"].items() if t is not None}
+            shape = _shape(family, call["batch"], call["dim"], call["seqlen"], matrix["features"])
+            chosen = pick(matrix["rows"], shape, rank, matrix["arch"])["variant_key"]
+            if chosen not in times:
+                failed += 1
+                continue
+            r = times[chosen] / min(times.values()) - 1
+            regrets.append(r)
+            if worst is None or r > worst[0]:
+                worst = (r, shape.key(), chosen)
+        out.append(dict(rule=name, calls=len(regrets), failed=failed,
+                        mean=sum(regrets) / len(regrets) if regrets else math.nan,
+                        worst=worst[0] if worst else math.nan, worst_call=worst[1] if worst else None,
+                        within_5pct=sum(r <= 0.05 for r in regrets)))
+    return out
+
+
+def print_score(matrix: dict) -> None:
+    print(f"{matrix['device']}; {matrix['family']} ({','.join(matrix['features'])}); "
+          f"{len(matrix['calls'])} calls, {len(matrix['rows'])} winners rows")
+    print("| rule | mean regret | worst regret | worst call | within 5 % of the fastest | pick failed |")
+    print("|---|---|---|---|---|---|")
+    for s in score(matrix):
+        print(f"| {s['rule']} | {100 * s['mean']:.1f} % | {100 * s['worst']:.1f} % | {s['worst_call']} | "
+              f"{s['within_5pct']} / {s['calls']} | {s['failed']} |")
+
+
+# ---- measuring (GPU) ------------------------------------------------------------------
+
+def measure(args: argparse.Namespace) -> dict:
+    import torch
+    from tqdm import tqdm
+
+    from cc1d._runtime import runtime
+    from cc1d.tuner.db import TuningDB, winner_variant
+    from cc1d.tuner.device import probe_device
+    from cc1d.tuner.evaluate import CandidateError, GpuEvaluator
+
+    device = probe_device()
+    if device is None:
+        raise SystemExit("cross_serve.py: no GPU is visible (--score FILE needs none)")
+    rt, arch = runtime(), device.target
+    path = args.db or REPO / "tuning_db" / f"{arch}.db"
+    feats = ",".join(args.features)
+    with TuningDB(path, readonly=True) as db:
+        rows = [{c: r[c] for c in ROW_COLUMNS} for r in db.winners(arch)
+                if r["family_key"] == args.family.key() and r["features"] == feats]
+    if not rows:
+        raise SystemExit(f"cross_serve.py: {path} holds no {arch} winner of {args.family.key()} with features {feats!r}")
+    variants = {r["variant_key"]: winner_variant(r) for r in rows}
+    calls = [(b, d, n) for b in args.batches for d in args.dims for n in args.lengths]
+    matrix = dict(device=device.name, arch=arch, db=str(path), family=args.family.key(),
+                  features=args.features, rows=rows, calls=[])
+    bar = tqdm(total=len(calls) * len(variants), desc="timings", unit="kernel", disable=None)
+    for b, d, n in calls:
+        shape = _shape(args.family, b, d, n, args.features)
+        ev = GpuEvaluator(rt, shape, arch)
+        times, errors = {}, {}
+        for key, v in variants.items():
+            try:
+                ev.compile(v)
+                ev.validate(v)
+                times[key] = ev.time(v, None).median_us
+            except CandidateError as exc:  # kept as a failure: a rule that picks it is told so
+                times[key], errors[key] = None, str(exc)
+            bar.update(1)
+        served = pick(rows, shape, current_rank, arch)["variant_key"]
+        matrix["calls"].append(dict(batch=b, dim=d, seqlen=n, times=times, errors=errors, served=served))
+        ok = {k: t for k, t in times.items() if t is not None}
+        best = min(ok, key=ok.get) if ok else None
+        regret = f"{100 * (ok[served] / ok[best] - 1):.1f} %" if served in ok else "failed"
+        tqdm.write(f"{shape.key()}: served {served} {ok.get(served, float('nan')):.1f} µs, "
+                   f"fastest {best} {ok.get(best, float('nan')):.1f} µs, regret {regret}")
+        if args.out:  # after every call: a run that is stopped keeps what it measured
+            write_json(args.out, matrix)
+        del ev
+        torch.cuda.empty_cache()
+    bar.close()
+    return matrix
+
+
+def write_json(path: Path, matrix: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(matrix, indent=1))
+    tmp.replace(path)  # whole or not at all
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)  # before torch touches a GPU: a bad option costs nothing
+    if args.score is not None:
+        try:
+            matrix = json.loads(args.score.read_text())
+            print_score(matrix)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SystemExit(f"--score {args.score}: not a matrix that cross_serve.py wrote "
+                             f"({type(exc).__name__}: {exc})") from None
+        return 0
+    print_score(measure(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""benchmarks/cross_serve.py: its options are checked before a GPU is touched; its `pick`
+under the current rule is the dispatcher's choice (tuner/search.py served_winner, which
+test_shipped_db.py holds to the runtime's); `score` computes each rule's regret from a
+matrix, and counts the calls where the picked variant failed to run."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cc1d.tuner.db import TuningDB, family_from_key
+from cc1d.tuner.search import served_winner
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "cross_serve.py"
+spec = importlib.util.spec_from_file_location("cc1d_cross_serve", SCRIPT)
+cross = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(cross)
+
+FAMILY = "bwd.cf.bf16wbf16.w4"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lengths", "2048,0"], "--lengths expects positive integers separated by commas, got '2048,0'"),
+    (["--batches", "two"], "--batches expects positive integers separated by commas, got 'two'"),
+    (["--family", "bwd.cf.bf16"], "--family: not a family key"),
+    (["--family", "upd.cl.bf16wbf16.w4"], "--family: forward and backward families are timed, got op 'upd'"),
+    (["--features", "bias,seqidx"], "--features expects some of bias, silu separated by commas, got ['seqidx']"),
+    (["--db", "/nonexistent/x.db"], "--db: no such file '/nonexistent/x.db'"),
+    (["--score", "/nonexistent/m.json"], "--score: no such file '/nonexistent/m.json'"),
+])
+def test_bad_options_are_refused_before_the_gpu(argv, message):
+    res = subprocess.run([sys.executable, "-P", str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert message in res.stderr
+
+
+def _shipped_rows(features="bias,silu") -> list[dict]:
+    with TuningDB(REPO / "tuning_db" / "sm_90.db", readonly=True) as db:
+        return [{c: r[c] for c in cross.ROW_COLUMNS} for r in db.winners("sm_90")
+                if r["family_key"] == FAMILY and r["features"] == features]
+
+
+CALLS = [(b, d, n) for b in (1, 3, 16) for d in (1024, 4096, 5120) for n in (300, 1000, 2047, 2048, 3000, 6000)]
+
+
+def test_pick_under_the_current_rule_is_the_dispatchers_choice():
+    rows = _shipped_rows()
+    family = family_from_key(FAMILY)
+    assert len({r["variant_key"] for r in rows}) > 3
+    with TuningDB(REPO / "tuning_db" / "sm_90.db", readonly=True) as db:
+        for b, d, n in CALLS + [(r["batch"], r["dim"], r["seqlen"]) for r in rows]:
+            shape = cross._shape(family, b, d, n, ["bias", "silu"])
+            want = served_winner(db, "sm_90", shape)
+            assert cross.pick(rows, shape, cross.current_rank, "sm_90")["shape_key"] == want["shape_key"], shape.key()
+
+
+def _matrix(rows, slow_pick_of: str, fail_first: bool = False) -> dict:
+    """Every variant 10 µs at every call but the one `slow_pick_of`'s rule picks, 12 µs (or,
+    at the first call with fail_first, failed)."""
+    family = family_from_key(FAMILY)
+    calls = []
+    for i, (b, d, n) in enumerate(CALLS):
+        shape = cross._shape(family, b, d, n, ["bias", "silu"])
+        slow = cross.pick(rows, shape, cross.RULES[slow_pick_of], "sm_90")["variant_key"]
+        times = {r["variant_key"]: 10.0 for r in rows}
+        times[slow] = None if (fail_first and i == 0) else 12.0
+        calls.append(dict(batch=b, dim=d, seqlen=n, times=times, errors={}, served=slow))
+    return dict(device="test", arch="sm_90", family=FAMILY, features=["bias", "silu"], rows=rows, calls=calls)
+
+
+def test_score_gives_each_rule_its_regret():
+    rows = _shipped_rows()
+    got = {s["rule"]: s for s in cross.score(_matrix(rows, "current"))}
+    assert set(got) == set(cross.RULES) == {"current", "seqlen-apart"}
+    cur = got["current"]
+    assert (cur["calls"], cur["failed"], cur["within_5pct"]) == (len(CALLS), 0, 0)
+    assert cur["mean"] == pytest.approx(0.2) and cur["worst"] == pytest.approx(0.2)
+    # the other rule is slowed only where it picks what the current one picks
+    family = family_from_key(FAMILY)
+    same = sum(cross.pick(rows, s, cross.current_rank, "sm_90")["variant_key"] ==
+               cross.pick(rows, s, cross.seqlen_apart_rank, "sm_90")["variant_key"]
+               for s in (cross._shape(family, b, d, n, ["bias", "silu"]) for b, d, n in CALLS))
+    assert 0 < same < len(CALLS)  # the rules differ somewhere on this grid, and agree somewhere
+    other = got["seqlen-apart"]
+    assert other["mean"] == pytest.approx(0.2 * same / len(CALLS))
+    assert other["within_5pct"] == len(CALLS) - same
+
+
+def test_a_picked_variant_that_failed_is_counted_not_timed():
+    rows = _shipped_rows()
+    cur = {s["rule"]: s for s in cross.score(_matrix(rows, "current", fail_first=True))}["current"]
+    assert (cur["calls"], cur["failed"]) == (len(CALLS) - 1, 1)
+    assert cur["mean"] == pytest.approx(0.2)
+
+
+def test_score_option_prints_the_table(tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(_matrix(_shipped_rows(), "seqlen-apart")))
+    res = subprocess.run([sys.executable, "-P", str(SCRIPT), "--score", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("| seqlen-apart")]
+    assert len(lines) == 1 and "| 20.0 % | 20.0 % |" in lines[0], res.stdout
+
+
+def test_score_refuses_a_file_it_did_not_write(tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text('{"calls": []}')
+    res = subprocess.run([sys.executable, "-P", str(SCRIPT), "--score", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and f"--score {path}: not a matrix that cross_serve.py wrote (KeyError" in res.stderr
+
+
+def test_measure_times_every_variant_at_every_call_and_keeps_failures(tmp_path, monkeypatch, capsys):
+    """The measuring loop with the tuner's fake evaluator (no GPU): every distinct variant of
+    the family's rows at every call, a variant that fails to launch kept as None with its
+    reason, the dispatcher's pick named, and the JSON written whole."""
+    from cc1d import _runtime
+    from cc1d.tuner import device, evaluate
+    from cc1d.tuner.testing import FakeEvaluator
+    rows = _shipped_rows()
+    broken = sorted({r["variant_key"] for r in rows})[0]
+    monkeypatch.setattr(device, "probe_device", lambda: device.DeviceInfo("sm_90", "fake H100"))
+    monkeypatch.setattr(_runtime, "runtime", lambda: None)
+    monkeypatch.setattr(evaluate, "GpuEvaluator", lambda rt, shape, arch: FakeEvaluator(
+        times=lambda v: 10.0 + shape.seqlen / 1000 + len(v.key()) / 100, launch_fails=lambda v: v.key() == broken))
+    out = tmp_path / "m.json"
+    assert cross.main(["--batches", "2", "--dims", "4096", "--lengths", "1000,2047", "--out", str(out),
+                       "--db", str(REPO / "tuning_db" / "sm_90.db")]) == 0
+    m = json.loads(out.read_text())
+    assert not (tmp_path / "m.json.tmp").exists()
+    assert (m["device"], m["arch"], m["family"], m["features"]) == ("fake H100", "sm_90", FAMILY, ["bias", "silu"])
+    assert m["rows"] == rows
+    assert [(c["batch"], c["dim"], c["seqlen"]) for c in m["calls"]] == [(2, 4096, 1000), (2, 4096, 2047)]
+    for c in m["calls"]:
+        assert set(c["times"]) == {r["variant_key"] for r in rows}
+        assert c["times"][broken] is None and "launch_error" in c["errors"][broken]
+        assert all(t == pytest.approx(10.0 + c["seqlen"] / 1000 + len(k) / 100)
+                   for k, t in c["times"].items() if k != broken)
+        assert c["served"] in {r["variant_key"] for r in rows}
+    assert m["calls"][0]["served"] == next(r["variant_key"] for r in rows if r["shape_key"] == "b2.d4096.l1000.bias.silu")
+    assert "| current |" in capsys.readouterr().out
+
+
+def test_a_stopped_run_keeps_the_calls_it_finished(tmp_path, monkeypatch):
+    from cc1d import _runtime
+    from cc1d.tuner import device, evaluate
+    from cc1d.tuner.testing import FakeEvaluator
+    made = []
+
+    def evaluator(rt, shape, arch):
+        made.append(shape)
+        if len(made) == 2:
+            raise KeyboardInterrupt  # stands for Ctrl-C during the second call
+        return FakeEvaluator()
+
+    monkeypatch.setattr(device, "probe_device", lambda: device.DeviceInfo("sm_90", "fake H100"))
+    monkeypatch.setattr(_runtime, "runtime", lambda: None)
+    monkeypatch.setattr(evaluate, "GpuEvaluator", evaluator)
+    out = tmp_path / "m.json"
+    with pytest.raises(KeyboardInterrupt):
+        cross.main(["--batches", "2", "--dims", "4096", "--lengths", "1000,3000", "--out", str(out)])
+    m = json.loads(out.read_text())
+    assert [c["seqlen"] for c in m["calls"]] == [1000] and not (tmp_path / "m.json.tmp").exists()
