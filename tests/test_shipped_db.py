@@ -205,6 +205,8 @@ def explain_in_fresh_process(calls, arch, tmp_path, package_dir=None) -> dict:
 
 
 def test_runtime_serves_every_winner_from_the_installed_package(shipped, tmp_path):
+    """A fresh process with only the installed package's DB serves each winner's own shape
+    from that winner ("exact"), through the kernel the tuner timed there (_served_key)."""
     import cc1d
     installed = Path(cc1d.__file__).resolve().parent / "tuning_db" / shipped.name
     if not installed.is_file():
