@@ -81,12 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # ---- ranking rules (CPU) --------------------------------------------------------------
 
-def _distance(shape, row: dict, seqlen_weight: float, batch_apart: bool) -> float:
-    d = abs(math.log(shape.dim) - math.log(row["dim"]))
-    if batch_apart:
-        return d + seqlen_weight * abs(math.log(shape.seqlen) - math.log(row["seqlen"])) + \
-            abs(math.log(shape.batch) - math.log(row["batch"]))
-    return d + abs(math.log(shape.batch * shape.seqlen) - math.log(row["batch"] * row["seqlen"]))
+def _log_apart(a: float, b: float) -> float:
+    return abs(math.log(a) - math.log(b))
 
 
 def current_rank(shape, row: dict, arch: str) -> tuple:
@@ -99,7 +95,8 @@ def seqlen_apart_rank(shape, row: dict, arch: str) -> tuple:
     """The same, but sequence length and batch apart, the length counted twice: a kernel's
     fit to its sequence (segments, tiles) does not carry over to a batch of the same size."""
     features, misfit, _ = current_rank(shape, row, arch)
-    return features, misfit, _distance(shape, row, 2.0, True)
+    return features, misfit, 2 * _log_apart(shape.seqlen, row["seqlen"]) + \
+        _log_apart(shape.batch, row["batch"]) + _log_apart(shape.dim, row["dim"])
 
 
 RULES: dict[str, Callable] = {"current": current_rank, "seqlen-apart": seqlen_apart_rank}
@@ -175,7 +172,8 @@ def measure(args: argparse.Namespace) -> dict:
         rows = [{c: r[c] for c in ROW_COLUMNS} for r in db.winners(arch)
                 if r["family_key"] == args.family.key() and r["features"] == feats]
     if not rows:
-        raise SystemExit(f"cross_serve.py: {path} holds no {arch} winner of {args.family.key()} with features {feats!r}")
+        raise SystemExit(f"cross_serve.py: {path} holds no {arch} winner of {args.family.key()} "
+                         f"with features {feats!r}")
     variants = {r["variant_key"]: winner_variant(r) for r in rows}
     calls = [(b, d, n) for b in args.batches for d in args.dims for n in args.lengths]
     matrix = dict(device=device.name, arch=arch, db=str(path), family=args.family.key(),
