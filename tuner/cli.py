@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 from ..generator import arch_info, variants
 from .db import DBError, TuningDB, default_db_path, family_from_key, runtime_builds
 from .device import DeviceInfo, environment, probe_device
+from .moves import report_moves, snapshot
 from .shapes import Shape, ShapesError, load_shapes
 
 log = logging.getLogger("cc1d")
@@ -357,22 +358,26 @@ def db_main(argv: Sequence[str]) -> int:
             else:
                 sys.stdout.write(text)
         elif args.cmd == "import":
-            n = 0
+            before, n = snapshot(db), 0
             for f in args.inputs:
                 with open(f) as fh:
                     n += db.import_lines(fh)
             print(f"imported {n} winners into {path}")
+            report_moves(db, before, sys.stdout)
         elif args.cmd == "import-report":
+            before = snapshot(db)
             with db.transaction():  # all of them or none
                 for source, row in winners:
                     db.put_winner(source, **row)
             print(f"stored {len(winners)} winners from {args.report} into {path}")
+            report_moves(db, before, sys.stdout)
         elif args.cmd == "merge":
-            n = 0
+            before, n = snapshot(db), 0
             for f in args.inputs:
                 with TuningDB(f, readonly=True) as other:
                     n += db.merge_from(other, replace=args.replace)
             print(f"merged {n} winners into {path}")
+            report_moves(db, before, sys.stdout)
         elif args.cmd == "rerender":
             rt = _runtime()
             ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None

@@ -483,10 +483,15 @@ def served_winner(db: TuningDB, arch: str, shape: Shape) -> dict | None:
     """The winner of `db` that the dispatcher would serve the shape's calls from it: the
     exact one, else the lowest dispatch_rank of the family (alignment aside: the tuner's
     inputs are fresh, 256-byte aligned allocations)."""
-    exact = db.winner(arch, shape.family().key(), shape.key())
+    return serve_from([r for r in db.winners(arch) if r["family_key"] == shape.family().key()], arch, shape)
+
+
+def serve_from(rows: list[dict], arch: str, shape: Shape) -> dict | None:
+    """served_winner among `rows`, the winners rows of the shape's family and arch."""
+    key = shape.key()
+    exact = next((r for r in rows if r["shape_key"] == key), None)
     if exact is not None:
         return exact
-    rows = [r for r in db.winners(arch) if r["family_key"] == shape.family().key()]
     return min(rows, key=lambda r: dispatch_rank(shape, r, arch)) if rows else None
 
 

@@ -1,0 +1,86 @@
+"""tuner/moves.py: which untuned calls a change of the winners hands to another kernel,
+and `cc1d-tune db merge` saying so. Built from two real shipped backward winners: the
+(2, 4096, 2048) one, and the (4, 4096, 8192) one added beside it (session 65: batch and
+seqlen trade freely in the nearest-entry distance, so (16, 4096, 2048) moves to it)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cc1d.tuner.cli import main
+from cc1d.tuner.db import TuningDB
+from cc1d.tuner.moves import GRID_BATCHES, GRID_LENGTHS, Move, describe, moved_calls, snapshot
+
+SHIPPED = Path(__file__).resolve().parents[1] / "tuning_db" / "sm_90.db"
+FAMILY = "bwd.cf.bf16wbf16.w4"
+A, B = "b2.d4096.l2048.bias.silu", "b4.d4096.l8192.bias.silu"
+
+
+@pytest.fixture(scope="module")
+def shipped_rows():
+    with TuningDB(SHIPPED, readonly=True) as db:
+        rows = {k: db.winner("sm_90", FAMILY, k) for k in (A, B)}
+        sources = {k: db.source(r["source_hash"]) for k, r in rows.items()}
+    assert rows[A]["variant_key"] != rows[B]["variant_key"]
+    return rows, sources
+
+
+def _db(path, shipped_rows, keys):
+    rows, sources = shipped_rows
+    with TuningDB(path) as db:
+        for k in keys:
+            db.put_winner(sources[k], **{c: v for c, v in rows[k].items() if c != "source_hash"})
+    return path
+
+
+def test_a_new_winner_takes_the_calls_nearest_to_it(tmp_path, shipped_rows):
+    rows, _ = shipped_rows
+    with TuningDB(_db(tmp_path / "a.db", shipped_rows, [A])) as db:
+        before = snapshot(db)
+    with TuningDB(_db(tmp_path / "ab.db", shipped_rows, [A, B])) as db:
+        after = snapshot(db)
+    moves = moved_calls(before, after)
+    va, vb = rows[A]["variant_key"], rows[B]["variant_key"]
+    assert Move("sm_90", FAMILY, "bias,silu", (16, 4096, 2048), va, vb) in moves  # distance 0 to B
+    assert Move("sm_90", FAMILY, "bias,silu", (1, 4096, 16384), va, vb) in moves
+    calls = {m.call for m in moves}
+    assert (2, 4096, 2048) not in calls and (4, 4096, 8192) not in calls  # tuned shapes are their own
+    assert (1, 4096, 2048) not in calls and (2, 4096, 1000) not in calls  # still nearest to A
+    assert all((m.before, m.after) == (va, vb) for m in moves)
+    assert moved_calls(after, after) == []  # nothing changed, nothing moved
+
+
+def test_a_new_family_moves_its_calls_from_the_catalog_default(tmp_path, shipped_rows):
+    with TuningDB(_db(tmp_path / "a.db", shipped_rows, [A])) as db:
+        moves = moved_calls({}, snapshot(db))
+    assert len(moves) == len(GRID_BATCHES) * len(GRID_LENGTHS) - 1  # one dim; (2, 4096, 2048) is tuned
+    assert {m.before for m in moves} == {None}
+    assert describe(moves)[1].startswith(f"  sm_90 {FAMILY} (bias,silu): {len(moves)}, e.g. (1, 4096, 128) "
+                                         f"the catalog's default -> ")
+
+
+def test_describe_counts_each_family_and_shows_a_few_calls():
+    moves = [Move("sm_90", FAMILY, "bias,silu", (b, 64, 512), f"{FAMILY}.x", f"{FAMILY}.y") for b in (1, 2, 4, 8)]
+    lines = describe(moves, examples=2)
+    assert lines[0].startswith("the new winners take 4 untuned calls of a grid (batch 1-16, the tuned dims, "
+                               "seqlen 128-16384)")
+    assert lines[1] == f"  sm_90 {FAMILY} (bias,silu): 4, e.g. (1, 64, 512) x -> y; (2, 64, 512) x -> y"
+    assert describe([]) == []
+
+
+def test_db_merge_prints_the_calls_it_moved(tmp_path, shipped_rows, capsys):
+    dest = _db(tmp_path / "dest.db", shipped_rows, [A])
+    new = _db(tmp_path / "new.db", shipped_rows, [B])
+    with TuningDB(dest) as db:
+        before = snapshot(db)
+    with TuningDB(_db(tmp_path / "ab.db", shipped_rows, [A, B])) as db:
+        n = len(moved_calls(before, snapshot(db)))
+    assert main(["db", "merge", "--db", str(dest), str(new)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("merged 1 winners") and n > 0
+    assert lines[1].startswith(f"the new winners take {n} untuned calls of a grid")
+    assert lines[2].startswith(f"  sm_90 {FAMILY} (bias,silu): {n}, e.g. ")
+    assert main(["db", "merge", "--db", str(dest), str(new)]) == 0  # the same again: nothing moves
+    out = capsys.readouterr().out
+    assert "merged 0 winners" in out and "the new winners take" not in out

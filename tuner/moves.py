@@ -1,0 +1,101 @@
+"""Which untuned calls a change of a DB's winners hands to another kernel.
+
+The dispatcher serves a call without a winner of its own from the nearest tuned shape of
+its family (docs/DISPATCH.md), so a new winner also takes over calls far from its own
+shape, for better or worse. Session 65's backward entries moved 226 of 630 calls of a grid;
+of 17 timed, 10 got faster and 2 clearly slower ((1, 5120, 2048) 22.9 -> 34.0 µs).
+`cc1d-tune db merge / import / import-report` print what they moved (moved_calls over a
+grid of each changed forward or backward family), so those calls can be timed
+(benchmarks/cross_serve.py, bench_near.py) before the DB ships.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from itertools import product
+from typing import Any
+
+from .db import TuningDB, family_from_key
+from .search import serve_from
+from .shapes import Shape
+
+GRID_BATCHES = (1, 2, 4, 8, 16)
+GRID_LENGTHS = (128, 512, 1000, 2048, 3000, 4096, 8192, 16384)
+_ROW_KEYS = ("shape_key", "variant_key", "features", "batch", "dim", "seqlen")
+
+Rows = dict[tuple[str, str], list[dict]]  # (arch, family key) -> its winners rows
+
+
+@dataclass(frozen=True)
+class Move:
+    arch: str
+    family_key: str
+    features: str
+    call: tuple[int, int, int]  # (batch, dim, seqlen)
+    before: str | None          # the variant served before (None: no winner of the family)
+    after: str
+
+
+def snapshot(db: TuningDB) -> Rows:
+    """The forward and backward winners rows of each (arch, family) of the DB."""
+    rows: Rows = defaultdict(list)
+    for w in db.winners():
+        if w["op"] in ("fwd", "bwd"):
+            rows[(w["arch"], w["family_key"])].append(dict(w))
+    return dict(rows)
+
+
+def _signature(rows: list[dict]) -> list[tuple]:
+    return sorted(tuple(r[k] for k in _ROW_KEYS) for r in rows)
+
+
+def moved_calls(before: Rows, after: Rows) -> list[Move]:
+    """The calls of a grid whose served variant differs between two snapshots, in each
+    family whose winners changed: batches GRID_BATCHES, the family's tuned dims,
+    GRID_LENGTHS, and each feature set the family was tuned with. A call that is now a
+    tuned shape of its own is left out: serving it its own winner is the point."""
+    moves = []
+    for (arch, fkey), rows in sorted(after.items()):
+        old = before.get((arch, fkey), [])
+        if _signature(old) == _signature(rows):
+            continue
+        family = family_from_key(fkey)
+        tuned = {r["shape_key"] for r in rows}
+        dims = sorted({r["dim"] for r in rows})
+        for feats, b, d, n in product(sorted({r["features"] for r in rows}), GRID_BATCHES, dims, GRID_LENGTHS):
+            shape = Shape.of(family, b, d, n, [f for f in feats.split(",") if f])
+            if shape.key() in tuned:
+                continue
+            new = serve_from(rows, arch, shape)["variant_key"]
+            was = serve_from(old, arch, shape)["variant_key"] if old else None
+            if was != new:
+                moves.append(Move(arch, fkey, feats, (b, d, n), was, new))
+    return moves
+
+
+def describe(moves: list[Move], examples: int = 3) -> list[str]:
+    """Lines for the CLI: per family and feature set, how many calls moved and a few of them."""
+    if not moves:
+        return []
+    groups: dict[tuple[str, str, str], list[Move]] = defaultdict(list)
+    for m in moves:
+        groups[(m.arch, m.family_key, m.features)].append(m)
+    lines = [f"the new winners take {len(moves)} untuned calls of a grid (batch {GRID_BATCHES[0]}-"
+             f"{GRID_BATCHES[-1]}, the tuned dims, seqlen {GRID_LENGTHS[0]}-{GRID_LENGTHS[-1]}) from the kernel "
+             f"that served them: time them before shipping (benchmarks/cross_serve.py)"]
+    for (arch, fkey, feats), ms in groups.items():
+        shown = "; ".join(f"{m.call} {_short(m.before, fkey)} -> {_short(m.after, fkey)}" for m in ms[:examples])
+        lines.append(f"  {arch} {fkey} ({feats or 'no features'}): {len(ms)}, e.g. {shown}")
+    return lines
+
+
+def _short(variant_key: str | None, family_key: str) -> str:
+    if variant_key is None:
+        return "the catalog's default"
+    return variant_key[len(family_key) + 1:] if variant_key.startswith(family_key + ".") else variant_key
+
+
+def report_moves(db: TuningDB, before: Rows, out: Any) -> None:
+    """Print (to `out`, a file) what the change since `before` moved."""
+    for line in describe(moved_calls(before, snapshot(db))):
+        print(line, file=out)
