@@ -104,9 +104,8 @@ RULES: dict[str, Callable] = {"current": current_rank, "seqlen-apart": seqlen_ap
 
 def pick(rows: list[dict], shape, rank: Callable, arch: str) -> dict:
     """The row a rule serves the shape's calls from: the shape's own, else the lowest rank."""
-    key = shape.key()
-    own = [r for r in rows if r["shape_key"] == key]
-    return own[0] if own else min(rows, key=lambda r: rank(shape, r, arch))
+    from cc1d.tuner.search import serve_from
+    return serve_from(rows, arch, shape, rank)
 
 
 def _shape(family, batch: int, dim: int, seqlen: int, features: list[str]):

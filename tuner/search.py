@@ -486,13 +486,15 @@ def served_winner(db: TuningDB, arch: str, shape: Shape) -> dict | None:
     return serve_from([r for r in db.winners(arch) if r["family_key"] == shape.family().key()], arch, shape)
 
 
-def serve_from(rows: list[dict], arch: str, shape: Shape) -> dict | None:
-    """served_winner among `rows`, the winners rows of the shape's family and arch."""
+def serve_from(rows: list[dict], arch: str, shape: Shape,
+               rank: Callable[[Shape, dict, str], Any] = dispatch_rank) -> dict | None:
+    """served_winner among `rows`, the winners rows of the shape's family and arch (`rank`:
+    another ranking rule to try in its place, benchmarks/cross_serve.py)."""
     key = shape.key()
     exact = next((r for r in rows if r["shape_key"] == key), None)
     if exact is not None:
         return exact
-    return min(rows, key=lambda r: dispatch_rank(shape, r, arch)) if rows else None
+    return min(rows, key=lambda r: rank(shape, r, arch)) if rows else None
 
 
 def with_added_params(family: Family, config: dict) -> dict:
