@@ -23,7 +23,9 @@ LAYOUTS = ("cf", "cl")
 DEFAULT_LENGTHS = "2048,2047,2000,1536,1000,3000"
 
 
-def _positive_ints(text: str, option: str, ap: argparse.ArgumentParser) -> list[int]:
+def positive_ints(text: str, option: str, ap: argparse.ArgumentParser) -> list[int]:
+    """A comma-separated option's positive integers, or ap.error naming the option (cross_serve.py
+    parses its grid with it too)."""
     try:
         values = [int(v) for v in text.split(",")]
     except ValueError:
@@ -54,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("batch", "dim"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} expects a positive integer, got {getattr(args, name)}")
-    args.lengths = _positive_ints(args.lengths, "--lengths", ap)
+    args.lengths = positive_ints(args.lengths, "--lengths", ap)
     args.ops = _choices(args.ops, "--ops", OPS, ap)
     args.layouts = _choices(args.layouts, "--layouts", LAYOUTS, ap)
     return args

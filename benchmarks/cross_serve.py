@@ -27,21 +27,13 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from bench_near import positive_ints  # a sibling script: run as benchmarks/cross_serve.py
+
 REPO = Path(__file__).resolve().parents[1]
 FEATURES = ("bias", "silu")
 # Winners-row columns a rule may read (the row's source and environment stay in the DB).
 ROW_COLUMNS = ("family_key", "shape_key", "batch", "dim", "seqlen", "features", "variant_key", "config",
                "threads", "tile_l", "tile_d", "align_bytes", "split_blocks", "time_us")
-
-
-def _ints(text: str, option: str, ap: argparse.ArgumentParser) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or any(v < 1 for v in values):
-        ap.error(f"{option} expects positive integers separated by commas, got {text!r}")
-    return values
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,9 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [f for f in args.features if f not in FEATURES]
     if bad:
         ap.error(f"--features expects some of {', '.join(FEATURES)} separated by commas, got {bad}")
-    args.batches = _ints(args.batches, "--batches", ap)
-    args.dims = _ints(args.dims, "--dims", ap)
-    args.lengths = _ints(args.lengths, "--lengths", ap)
+    args.batches = positive_ints(args.batches, "--batches", ap)
+    args.dims = positive_ints(args.dims, "--dims", ap)
+    args.lengths = positive_ints(args.lengths, "--lengths", ap)
     if args.db is not None and not args.db.is_file():
         ap.error(f"--db: no such file {str(args.db)!r}")
     return args

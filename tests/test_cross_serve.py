@@ -17,6 +17,7 @@ from cc1d.tuner.search import served_winner
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "cross_serve.py"
+sys.path.insert(0, str(SCRIPT.parent))  # its sibling bench_near, as when run as a script
 spec = importlib.util.spec_from_file_location("cc1d_cross_serve", SCRIPT)
 cross = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(cross)
@@ -34,7 +35,7 @@ FAMILY = "bwd.cf.bf16wbf16.w4"
     (["--score", "/nonexistent/m.json"], "--score: no such file '/nonexistent/m.json'"),
 ])
 def test_bad_options_are_refused_before_the_gpu(argv, message):
-    res = subprocess.run([sys.executable, "-P", str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
+    res = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stdout + res.stderr
     assert message in res.stderr
 
@@ -49,6 +50,8 @@ CALLS = [(b, d, n) for b in (1, 3, 16) for d in (1024, 4096, 5120) for n in (300
 
 
 def test_pick_under_the_current_rule_is_the_dispatchers_choice():
+    """Both are search.serve_from; what can differ is the rows: the matrix keeps only
+    ROW_COLUMNS of each winner, which must be all the dispatcher's rule reads."""
     rows = _shipped_rows()
     family = family_from_key(FAMILY)
     assert len({r["variant_key"] for r in rows}) > 3
@@ -101,7 +104,7 @@ def test_a_picked_variant_that_failed_is_counted_not_timed():
 def test_score_option_prints_the_table(tmp_path):
     path = tmp_path / "m.json"
     path.write_text(json.dumps(_matrix(_shipped_rows(), "seqlen-apart")))
-    res = subprocess.run([sys.executable, "-P", str(SCRIPT), "--score", str(path)],
+    res = subprocess.run([sys.executable, str(SCRIPT), "--score", str(path)],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("| seqlen-apart")]
@@ -111,7 +114,7 @@ def test_score_option_prints_the_table(tmp_path):
 def test_score_refuses_a_file_it_did_not_write(tmp_path):
     path = tmp_path / "m.json"
     path.write_text('{"calls": []}')
-    res = subprocess.run([sys.executable, "-P", str(SCRIPT), "--score", str(path)],
+    res = subprocess.run([sys.executable, str(SCRIPT), "--score", str(path)],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 1 and f"--score {path}: not a matrix that cross_serve.py wrote (KeyError" in res.stderr
 
