@@ -82,6 +82,13 @@ class Variant:
         seg = cf_segment_positions(self.geometry(), arch)
         return seqlen > seg and seqlen % seg != 0
 
+    def served_as_twin(self, seqlen: int, arch: str, seq_idx: bool = False, final_states: bool = False) -> bool:
+        """Whether the runtime serves contiguous calls of this seqlen (fresh, aligned tensors,
+        as the tuner times) through this variant's realigned twin: rows off its vectors, or
+        a segment cut where its twin moves it."""
+        return self.rows_off_vectors(seqlen) or \
+            self.twin_takes_cut(seqlen, arch, seq_idx=seq_idx, final_states=final_states)
+
 
 # What leads a realigned twin's source, by op: the runtime's kRealignDefine and
 # kBwdRealignDefine (dispatch.h).

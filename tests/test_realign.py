@@ -295,13 +295,18 @@ def test_the_catalog_default_runs_its_twin_at_cut_lengths_on_nvidia_only(drt):
 
 
 def test_the_generator_knows_which_calls_take_the_twin_for_a_cut_segment(drt, tmp_path):
-    """Variant.twin_takes_cut (what the tuner times) agrees with the runtime's choice."""
+    """Variant.twin_takes_cut, and served_as_twin (what the tuner times: odd lengths too),
+    agree with the runtime's choice."""
     from test_bwd_runtime import ARCH as BWD_ARCH, args, tuned_bwd_db
     for v in (HELD_128, HELD_96, WALKED, default_variant(BWD_BF16, "sm_90")):
         drt.set_tuning_dbs([tuned_bwd_db(tmp_path / f"{v.key()}.db", [(v, (2, 64, 4096))])])
         for seqlen in (8, 504, 512, 1000, 1024, 1032, 2040, 3072, 4000, 4096, 5000, 16000):
             e = drt.explain_bwd(*args(sizes=(2, 64, seqlen, 4)), arch=BWD_ARCH)
             assert e["key"].endswith(".realign") == v.twin_takes_cut(seqlen, BWD_ARCH), (v.key(), seqlen, e["key"])
+        for seqlen in (8, 1001, 3072, 4000, 4001):
+            e = drt.explain_bwd(*args(sizes=(2, 64, seqlen, 4)), arch=BWD_ARCH)
+            assert e["key"].endswith(".realign") == v.served_as_twin(seqlen, BWD_ARCH), (v.key(), seqlen, e["key"])
+        assert v.served_as_twin(1001, BWD_ARCH) and v.served_as_twin(1001, "gfx942")  # rows off the vectors
     assert not HELD_128.twin_takes_cut(4000, "gfx942")
     assert not HELD_128.twin_takes_cut(4000, "sm_90", seq_idx=True)
     assert not HELD_128.twin_takes_cut(4000, "sm_90", final_states=True)

@@ -226,9 +226,9 @@ def _served_key(winner: dict, arch: str) -> str:
     """The kernel key the runtime serves a winner's own shape with: its realigned twin where
     the tuned sequence puts rows off its vectors or cuts a segment the twin moves (what the
     tuner timed, tuner/evaluate.py _kernel), else the winner's own key."""
-    v, feats = winner_variant(winner), set(winner["features"].split(","))
-    n = winner["seqlen"]
-    twin = v.rows_off_vectors(n) or v.twin_takes_cut(n, arch, seq_idx="seqidx" in feats, final_states="final" in feats)
+    feats = set(winner["features"].split(","))
+    twin = winner_variant(winner).served_as_twin(winner["seqlen"], arch, seq_idx="seqidx" in feats,
+                                                 final_states="final" in feats)
     return winner["variant_key"] + (".realign" if twin else "")
 
 

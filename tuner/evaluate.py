@@ -76,8 +76,7 @@ class GpuEvaluator:
         if variant not in self._kernels:
             kernel = variant.as_runtime_dict()
             s = self.shape
-            twin = variant.rows_off_vectors(s.seqlen) or \
-                variant.twin_takes_cut(s.seqlen, self.target, seq_idx=s.seq_idx, final_states=s.final_states)
+            twin = variant.served_as_twin(s.seqlen, self.target, seq_idx=s.seq_idx, final_states=s.final_states)
             self._kernels[variant] = realigned(kernel) if twin else kernel
         return self._kernels[variant]
 
