@@ -78,8 +78,8 @@ def _log_apart(a: float, b: float) -> float:
 
 
 def current_rank(shape, row: dict, arch: str) -> tuple:
-    """The dispatcher's rule (tuner/search.py dispatch_rank)."""
-    from cc1d.tuner.search import dispatch_rank
+    """The dispatcher's rule (tuner/serving.py dispatch_rank)."""
+    from cc1d.tuner.serving import dispatch_rank
     return dispatch_rank(shape, row, arch)
 
 
@@ -96,7 +96,7 @@ RULES: dict[str, Callable] = {"current": current_rank, "seqlen-apart": seqlen_ap
 
 def pick(rows: list[dict], shape, rank: Callable, arch: str) -> dict:
     """The row a rule serves the shape's calls from: the shape's own, else the lowest rank."""
-    from cc1d.tuner.search import serve_from
+    from cc1d.tuner.serving import serve_from
     return serve_from(rows, arch, shape, rank)
 
 

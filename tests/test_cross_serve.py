@@ -1,5 +1,5 @@
 """benchmarks/cross_serve.py: its options are checked before a GPU is touched; its `pick`
-under the current rule is the dispatcher's choice (tuner/search.py served_winner, which
+under the current rule is the dispatcher's choice (tuner/serving.py served_winner, which
 test_shipped_db.py holds to the runtime's); `score` computes each rule's regret from a
 matrix, and counts the calls where the picked variant failed to run."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cc1d.tuner.db import TuningDB, family_from_key
-from cc1d.tuner.search import served_winner
+from cc1d.tuner.serving import served_winner
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "cross_serve.py"
@@ -50,7 +50,7 @@ CALLS = [(b, d, n) for b in (1, 3, 16) for d in (1024, 4096, 5120) for n in (300
 
 
 def test_pick_under_the_current_rule_is_the_dispatchers_choice():
-    """Both are search.serve_from; what can differ is the rows: the matrix keeps only
+    """Both are serving.serve_from; what can differ is the rows: the matrix keeps only
     ROW_COLUMNS of each winner, which must be all the dispatcher's rule reads."""
     rows = _shipped_rows()
     family = family_from_key(FAMILY)
@@ -109,6 +109,19 @@ def test_score_option_prints_the_table(tmp_path):
     assert res.returncode == 0, res.stderr
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("| seqlen-apart")]
     assert len(lines) == 1 and "| 20.0 % | 20.0 % |" in lines[0], res.stdout
+
+
+def test_ranking_needs_no_optuna(tmp_path):
+    """The device has no Optuna unless it is carried: ranking rows (the dispatcher's rule,
+    tuner/serving.py) must not import the tuner's search stack."""
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(_matrix(_shipped_rows(), "current")))
+    run = ("import runpy, sys; sys.modules['optuna'] = None; sys.path.insert(0, sys.argv[1]); "
+           "sys.argv = [sys.argv[2], '--score', sys.argv[3]]; runpy.run_path(sys.argv[0], run_name='__main__')")
+    res = subprocess.run([sys.executable, "-c", run, str(SCRIPT.parent), str(SCRIPT), str(path)],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)  # not the source tree
+    assert res.returncode == 0, res.stderr
+    assert any(ln.startswith("| current") for ln in res.stdout.splitlines()), res.stdout
 
 
 def test_score_refuses_a_file_it_did_not_write(tmp_path):

@@ -269,12 +269,12 @@ def _shape_of(family_key: str, batch: int, dim: int, seqlen: int, feats: set):
 
 def test_the_tuners_served_winner_is_the_dispatchers_pick(tmp_path):
     """`cc1d-tune --start-from` starts a shape from the winner the dispatcher serves its calls
-    (tuner/search.py served_winner, the rule of docs/DISPATCH.md in Python). Calls near the
+    (tuner/serving.py served_winner, the rule of docs/DISPATCH.md in Python). Calls near the
     shipped shapes, some with a feature more or less, and forwards and backwards of shorter
     and longer sequences (whole 16-byte vectors: the tuner's kernel choice misfits and cut
     segments, Variant.twin_takes_cut), get the same kernel from the runtime (calls midway
     between two shapes, decided by rounding, are left out)."""
-    from cc1d.tuner.search import dispatch_rank, served_winner
+    from cc1d.tuner.serving import dispatch_rank, served_winner
     shipped = REPO / "tuning_db" / "sm_90.db"
     with TuningDB(shipped, readonly=True) as db:
         winners = db.winners("sm_90")

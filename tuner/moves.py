@@ -16,7 +16,7 @@ from itertools import product
 from typing import Any
 
 from .db import TuningDB, family_from_key
-from .search import serve_from
+from .serving import serve_from
 from .shapes import Shape
 
 GRID_BATCHES = (1, 2, 4, 8, 16)

@@ -27,11 +27,10 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from ..generator import EPOCH, Family, Variant, arch_info, default_variant, space_for, variants
-from ..generator.space import bwd_cf_walked
-from ..generator.variant import cf_segment_positions
 from .db import TuningDB
 from .evaluate import CandidateError, Evaluator
 from .measure import TIMING_METHOD, Timing
+from .serving import dispatch_rank, served_winner
 from .shapes import Shape
 
 log = logging.getLogger("cc1d")
@@ -446,55 +445,6 @@ def timing_method_of(row: dict) -> int | None:
     except (TypeError, ValueError):
         return None
     return env.get("timing_method") if isinstance(env, dict) else None
-
-
-def dispatch_rank(shape: Shape, row: dict, arch: str) -> tuple[int, bool, float]:
-    """How the dispatcher ranks a winners-table row of the shape's family for the shape's
-    calls (docs/DISPATCH.md), lowest first: differing features, then whether the row's
-    channel-first kernel fits the shape's sequence poorly (tiling_misfits), then the distance."""
-    theirs = set(filter(None, row["features"].split(",")))
-    dist = abs(math.log(shape.batch * shape.seqlen) - math.log(row["batch"] * row["seqlen"])) + \
-        abs(math.log(shape.dim) - math.log(row["dim"]))
-    return len(set(shape.features()) ^ theirs), tiling_misfits(shape, row, arch), dist
-
-
-def tiling_misfits(shape: Shape, row: dict, arch: str) -> bool:
-    """Whether the row's channel-first kernel fits the shape's sequence poorly
-    (runtime/src/dispatch.cpp tiling_misfit): its segment is longer than the sequence (no
-    row runs a whole segment on the fast path; but for a backward's walked segments in
-    their plain build, where the rows meet the vectors), or, backward, its tile of several
-    segments side by side is more than twice the sequence (most of each block's warps idle)."""
-    if shape.layout != "cf" or shape.op not in ("fwd", "bwd"):
-        return False
-    seg = cf_segment_positions(row, arch)
-    if seg <= 0:
-        return False  # a geometry no kernel has (the runtime's rule alike)
-    if shape.op == "bwd" and row["tile_l"] // seg > 1 and 2 * shape.seqlen < row["tile_l"]:
-        return True
-    if shape.seqlen >= seg:
-        return False
-    if shape.op == "fwd":
-        return True
-    rows_off_vectors = shape.seqlen * shape.family().x_bytes % row["align_bytes"] != 0  # served by the twin
-    return not bwd_cf_walked(json.loads(row["config"])) or rows_off_vectors
-
-
-def served_winner(db: TuningDB, arch: str, shape: Shape) -> dict | None:
-    """The winner of `db` that the dispatcher would serve the shape's calls from it: the
-    exact one, else the lowest dispatch_rank of the family (alignment aside: the tuner's
-    inputs are fresh, 256-byte aligned allocations)."""
-    return serve_from([r for r in db.winners(arch) if r["family_key"] == shape.family().key()], arch, shape)
-
-
-def serve_from(rows: list[dict], arch: str, shape: Shape,
-               rank: Callable[[Shape, dict, str], Any] = dispatch_rank) -> dict | None:
-    """served_winner among `rows`, the winners rows of the shape's family and arch (`rank`:
-    another ranking rule to try in its place, benchmarks/cross_serve.py)."""
-    key = shape.key()
-    exact = next((r for r in rows if r["shape_key"] == key), None)
-    if exact is not None:
-        return exact
-    return min(rows, key=lambda r: rank(shape, r, arch)) if rows else None
 
 
 def with_added_params(family: Family, config: dict) -> dict:
