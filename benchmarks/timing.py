@@ -61,19 +61,23 @@ def graph_time_us(fns: Sequence[Callable[[], object]], replays: int = 30,
 
 
 def graph_times_us(candidates: dict[str, Sequence[Callable[[], object]]],
-                   replays: int = 30) -> dict[str, float | str]:
+                   replays: int = 30, setup: dict[str, Callable[[], object]] | None = None) -> dict[str, float | str]:
     """graph_time_us of several candidates (say cc1d and the peer on the same inputs) with
     their replays interleaved: each round replays every candidate's graph once, the order
     reversed every other round. A device whose speed drifts during a run (clocks, heat,
     other work) then slows each candidate alike, so their ratio holds where back-to-back
     timings drift apart (session 58: the same two kernels measured 0.86-1.12x of each other
     across four runs). A candidate that raises while warming up or being captured gets the
-    error's text (its first 200 characters) instead of a time; the others are timed."""
+    error's text (its first 200 characters) instead of a time; the others are timed.
+    `setup[name]`, where given, runs before that candidate is warmed up and captured
+    (bench_moves.py points the dispatcher at another tuning DB there)."""
     graphs: dict[str, tuple] = {}
     out: dict[str, float | str] = {}
     for name, fns in candidates.items():
         calls = max(len(fns), 20)
         try:
+            if setup and name in setup:
+                setup[name]()
             graphs[name] = (_captured(fns, calls), calls)
         except Exception as exc:  # a peer rejects some layouts or dtypes, or its signature moved
             out[name] = str(exc)[:200] or type(exc).__name__

@@ -133,3 +133,25 @@ def test_table_cells_the_benchmarks_share():
     assert timing.peer_columns(row, 24.8) == "29.0 | 54 % | 1.17"
     assert timing.peer_columns(row, 24.8, speed_suffix="x") == "29.0 | 54 % | 1.17x"
     assert timing.peer_columns(dict(peer_error="rejects it"), 24.8) == "— | — | —"
+
+
+def test_setup_runs_before_each_candidates_capture(monkeypatch):
+    """bench_moves.py times one call twice, the dispatcher pointed at another DB before each
+    capture: the same functions, captured after their own setup, keep what it chose."""
+    dev = FakeDevice(drift=0.0)
+    dev.install(monkeypatch)
+    state = {"db": None}
+    order = []
+
+    def call():  # a kernel whose cost the current "DB" decides when it is captured
+        order.append(state["db"])
+        dev.kernel(state["db"], {"old": 3.0, "new": 2.0}[state["db"]])()
+
+    def point_at(db):
+        return lambda: state.update(db=db)
+
+    times = timing.graph_times_us({"after": [call], "before": [call]}, replays=4,
+                                  setup={"after": point_at("new"), "before": point_at("old")})
+    assert times["after"] == pytest.approx(2.0 * 1000.0) and times["before"] == pytest.approx(3.0 * 1000.0)
+    half = len(order) // 2  # warm-up and capture of each, one candidate after the other
+    assert half > 0 and order == ["new"] * half + ["old"] * half

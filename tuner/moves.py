@@ -82,7 +82,8 @@ def describe(moves: list[Move], examples: int = 3) -> list[str]:
         groups[(m.arch, m.family_key, m.features)].append(m)
     lines = [f"the new winners take {len(moves)} untuned calls of a grid (batch {GRID_BATCHES[0]}-"
              f"{GRID_BATCHES[-1]}, the tuned dims, seqlen {GRID_LENGTHS[0]}-{GRID_LENGTHS[-1]}) from the kernel "
-             f"that served them: time them before shipping (benchmarks/cross_serve.py)"]
+             f"that served them: time them before shipping (benchmarks/bench_moves.py --before <a copy of the DB "
+             f"from before> --after <this DB>)"]
     for (arch, fkey, feats), ms in groups.items():
         shown = "; ".join(f"{m.call} {_short(m.before, fkey)} -> {_short(m.after, fkey)}" for m in ms[:examples])
         lines.append(f"  {arch} {fkey} ({feats or 'no features'}): {len(ms)}, e.g. {shown}")

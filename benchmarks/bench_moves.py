@@ -1,0 +1,235 @@
+"""Moved-calls benchmark: the calls a tuning DB change moves to another kernel, timed
+through the DB before and the DB after.
+
+An untuned call runs the winner of the nearest tuned shape (docs/DISPATCH.md), so a new
+entry serves the calls around it too, and what is fastest at its own shape can be slower at
+theirs (session 66: the (1, 5120, 3000) entry took (1, 4096, 3000) from 28.6 to 31.7 µs).
+`cc1d-tune db merge` counts the moved calls of a grid (tuner/moves.py); this lists them all
+and times each through both DBs and the peer, their CUDA graph replays interleaved in one
+process (timing.graph_times_us): the dispatcher is pointed at a folder holding only the
+one DB before each is captured. Forward and backward calls whose features are bias and SiLU
+(or fewer) are timed; the others are listed as not timed.
+
+    python benchmarks/bench_moves.py --before OLD.db [--after NEW.db] [--max-calls 40] [--out m.json]
+    python benchmarks/bench_moves.py --before OLD.db [--after NEW.db] --list        # no GPU
+
+--after defaults to the shipped DB of the GPU's arch (tuning_db/<arch>.db of this checkout;
+with --list, tuning_db/sm_90.db).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TIMED_OPS = ("fwd", "bwd")
+TIMED_FEATURES = {"bias", "silu"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before", type=Path, required=True, help="the tuning DB before the change")
+    ap.add_argument("--after", type=Path, default=None,
+                    help="the tuning DB after it (default: this checkout's tuning_db/<arch>.db)")
+    ap.add_argument("--list", action="store_true", help="print the moved calls and stop (no GPU)")
+    ap.add_argument("--max-calls", type=int, default=40,
+                    help="time at most this many calls, the rest listed as not timed (default 40)")
+    ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here (after every call)")
+    args = ap.parse_args(argv)
+    for name in ("before", "after"):
+        path = getattr(args, name)
+        if path is not None and not path.is_file():
+            ap.error(f"--{name}: no such file {str(path)!r}")
+    if args.max_calls < 1:
+        ap.error(f"--max-calls expects a positive integer, got {args.max_calls}")
+    if os.environ.get("CC1D_TUNING_DB"):
+        ap.error("CC1D_TUNING_DB is set: its DBs would serve before both --before and --after; unset it")
+    return args
+
+
+def moves_between(before: Path, after: Path, arch: str | None = None) -> list:
+    """tuner/moves.py's moved calls from one DB to the other (one arch's, or every arch's)."""
+    from cc1d.tuner.db import TuningDB
+    from cc1d.tuner.moves import moved_calls, snapshot
+    with TuningDB(before, readonly=True) as a, TuningDB(after, readonly=True) as b:
+        moves = moved_calls(snapshot(a), snapshot(b))
+    return [m for m in moves if arch in (None, m.arch)]
+
+
+def why_untimed(move) -> str | None:
+    """Why a moved call is not timed here, or None where it is."""
+    op = move.family_key.split(".", 1)[0]
+    if op not in TIMED_OPS:
+        return f"op {op}"
+    extra = sorted(set(filter(None, move.features.split(","))) - TIMED_FEATURES)
+    return f"features {','.join(extra)}" if extra else None
+
+
+def _short(variant: str | None, family_key: str) -> str:
+    if variant is None:
+        return "(none)"
+    return variant[len(family_key) + 1:] if variant.startswith(family_key + ".") else variant
+
+
+def print_list(moves: list) -> None:
+    print(f"{len(moves)} moved calls")
+    for m in moves:
+        untimed = why_untimed(m)
+        note = f"  (not timed: {untimed})" if untimed else ""
+        print(f"{m.arch} {m.family_key} ({m.features or 'no features'}) {m.call}: "
+              f"{_short(m.before, m.family_key)} -> {_short(m.after, m.family_key)}{note}")
+
+
+def package_dir_with(db: Path, arch: str, parent: Path, name: str) -> Path:
+    """A folder laid out as the package is for the dispatcher (tuning_db/<arch>.db), holding
+    a copy of `db` and nothing else."""
+    folder = parent / name
+    (folder / "tuning_db").mkdir(parents=True)
+    shutil.copyfile(db, folder / "tuning_db" / f"{arch}.db")
+    return folder
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    ok = all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in (num, den))
+    return num / den if ok else None
+
+
+def write_json(path: Path, doc: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(path)  # whole or not at all
+
+
+def measure(args: argparse.Namespace) -> dict:
+    import torch
+    from tqdm import tqdm
+
+    import cc1d
+    from cc1d._runtime import runtime
+    from cc1d.tuner.db import family_from_key
+    from cc1d.tuner.device import probe_device
+    from peers import causal_conv1d, causal_conv1d_bwd, causal_conv1d_version
+    from timing import copy_ceiling_gbps, graph_times_us, n_buffers
+
+    device = probe_device()
+    if device is None:
+        raise SystemExit("bench_moves.py: no GPU is visible (--list needs none)")
+    arch = device.target
+    after = args.after or REPO / "tuning_db" / f"{arch}.db"
+    if not after.is_file():
+        raise SystemExit(f"bench_moves.py: no --after given and no {after} for this GPU's arch")
+    moves = moves_between(args.before, after, arch)
+    timed = [m for m in moves if why_untimed(m) is None][:args.max_calls]
+    untimed = [m for m in moves if m not in timed]
+    dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+    peers = {"fwd": causal_conv1d("causal_conv1d_fn"), "bwd": causal_conv1d_bwd()}
+    copy_gbps = copy_ceiling_gbps()
+    doc = dict(device=device.name, arch=arch, before=str(args.before), after=str(after), copy_gbps=copy_gbps,
+               peer_version=causal_conv1d_version(), rows=[],
+               not_timed=[dict(family=m.family_key, features=m.features, call=list(m.call),
+                               reason=why_untimed(m) or f"past --max-calls {args.max_calls}") for m in untimed])
+    rt = runtime()
+    with tempfile.TemporaryDirectory(prefix="cc1d-moves-") as tmp:
+        dirs = {"after": package_dir_with(after, arch, Path(tmp), "after"),
+                "before": package_dir_with(args.before, arch, Path(tmp), "before")}
+        setup = {name: (lambda d=d: rt.set_package_dir(str(d))) for name, d in dirs.items()}
+        bar = tqdm(total=len(timed), desc="moved calls", unit="call", disable=None)
+        try:
+            for m in timed:
+                fam = family_from_key(m.family_key)
+                feats = set(filter(None, m.features.split(",")))
+                b, d, n = m.call
+                xdt, wdt = dtypes[fam.x_dtype], dtypes[fam.w_dtype]
+                act = "silu" if "silu" in feats else None
+                w = torch.randn(d, fam.width, device="cuda", dtype=wdt) / fam.width ** 0.5
+                bias = torch.randn(d, device="cuda", dtype=wdt) if "bias" in feats else None
+
+                def tensor() -> "torch.Tensor":
+                    if fam.layout == "cf":
+                        return torch.randn(b, d, n, device="cuda", dtype=xdt)
+                    return torch.randn(b, n, d, device="cuda", dtype=xdt).transpose(1, 2)
+
+                ios = 2 if fam.op == "fwd" else 3
+                nbytes = ios * b * d * n * torch.tensor([], dtype=xdt).element_size()
+                sets = [(tensor(), tensor()) for _ in range(n_buffers(nbytes))]
+                peer = peers[fam.op]
+                if fam.op == "fwd":
+                    ours = [lambda s=s: cc1d.causal_conv1d_fn(s[0], w, bias, activation=act) for s in sets]
+                    theirs = [lambda s=s: peer(s[0], w, bias, activation=act) for s in sets] if peer else None
+                else:
+                    ours = [lambda s=s: cc1d.causal_conv1d_bwd(s[0], w, bias, s[1], activation=act) for s in sets]
+                    theirs = [lambda s=s: peer(s[0], w, bias, s[1], silu=act == "silu") for s in sets] if peer else None
+                cands = {"after": ours, "before": ours}
+                if theirs is not None:
+                    cands["peer"] = theirs
+                times = graph_times_us(cands, setup=setup)
+                row = dict(family=m.family_key, features=m.features, call=[b, d, n],
+                           before_variant=m.before, after_variant=m.after)
+                for name, t in times.items():
+                    row[f"{name}_us" if isinstance(t, float) else f"{name}_error"] = t
+                row["after_vs_before"] = ratio(row.get("before_us"), row.get("after_us"))
+                row["after_vs_peer"] = ratio(row.get("peer_us"), row.get("after_us"))
+                doc["rows"].append(row)
+                tqdm.write(line(row))
+                if args.out:  # after every call: a run that is stopped keeps what it measured
+                    write_json(args.out, doc)
+                del sets
+                torch.cuda.empty_cache()
+                bar.update(1)
+        finally:
+            bar.close()
+            rt.set_package_dir(str(Path(cc1d.__file__).resolve().parent))
+    return doc
+
+
+def _us(row: dict, name: str) -> str:
+    t = row.get(f"{name}_us")
+    return f"{t:.1f}" if t is not None else f"failed: {row.get(f'{name}_error', '?')[:60]}"
+
+
+def _x(v: float | None) -> str:
+    return f"{v:.2f}x" if v is not None else "-"
+
+
+def line(row: dict) -> str:
+    fam = row["family"]
+    peer = _us(row, "peer") if "peer_us" in row or "peer_error" in row else "-"
+    return (f"| {fam} | {row['features'] or '-'} | {tuple(row['call'])} | "
+            f"{_short(row['before_variant'], fam)} -> {_short(row['after_variant'], fam)} | {_us(row, 'before')} | "
+            f"{_us(row, 'after')} | {_x(row['after_vs_before'])} | {peer} | {_x(row['after_vs_peer'])} |")
+
+
+def print_table(doc: dict) -> None:
+    print(f"\n{doc['device']}; copy ceiling {doc['copy_gbps']:.0f} GB/s; causal_conv1d "
+          f"{doc['peer_version'] or 'not installed'}; before {doc['before']}, after {doc['after']}")
+    print("| family | features | (batch, dim, seqlen) | variant before -> after | before µs | after µs | "
+          "speed after vs before | peer µs | after vs peer |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for row in sorted(doc["rows"], key=lambda r: r["after_vs_before"] or 0.0):
+        print(line(row))
+    slower = [r for r in doc["rows"] if r["after_vs_before"] is not None and r["after_vs_before"] < 0.97]
+    print(f"{len(doc['rows'])} calls timed, {len(slower)} more than 3 % slower after; "
+          f"{len(doc['not_timed'])} not timed")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)  # before torch touches a GPU: a bad option costs nothing
+    if args.list:
+        print_list(moves_between(args.before, args.after or REPO / "tuning_db" / "sm_90.db"))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="cc1d-moves-cache-") as cache:
+        # A user's own tuning DB (<cache dir>/tuning.db) would come before both DBs in the
+        # dispatcher's chain: an empty cache folder leaves it out (kernels compile afresh).
+        os.environ["CC1D_CACHE_DIR"] = cache
+        print_table(measure(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

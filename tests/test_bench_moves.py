@@ -1,0 +1,172 @@
+"""benchmarks/bench_moves.py: its options are checked before a GPU is touched; --list names
+every call of tuner/moves.py's grid that a DB change moves, and which of them it times; on
+a GPU (`gpu`), a moved call is timed through each DB, the dispatcher pointed at each in turn."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cc1d.tuner.moves import Move, moved_calls, snapshot
+from cc1d.tuner.db import TuningDB
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "bench_moves.py"
+SHIPPED = REPO / "tuning_db" / "sm_90.db"
+sys.path.insert(0, str(SCRIPT.parent))  # its siblings timing and peers, as when run as a script
+spec = importlib.util.spec_from_file_location("cc1d_bench_moves", SCRIPT)
+moves_script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(moves_script)
+
+DROPPED = "b1.d2560.l3000.bias.silu"  # a bwd.cf.bf16wbf16.w4 entry that serves its neighbours
+
+
+def _run(*argv, env=None, cwd=None):
+    return subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=cwd)
+
+
+def _without(tmp_path, shape_key=DROPPED) -> Path:
+    """The shipped DB less one winner: the DB before that entry was added."""
+    path = tmp_path / "before.db"
+    shutil.copyfile(SHIPPED, path)
+    with sqlite3.connect(path) as con:
+        gone = con.execute("DELETE FROM winners WHERE shape_key = ? AND family_key = 'bwd.cf.bf16wbf16.w4'",
+                           (shape_key,)).rowcount
+    assert gone == 1
+    return path
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "the following arguments are required: --before"),
+    (["--before", "/nonexistent/a.db"], "--before: no such file '/nonexistent/a.db'"),
+    (["--before", str(SHIPPED), "--after", "/nonexistent/b.db"], "--after: no such file '/nonexistent/b.db'"),
+    (["--before", str(SHIPPED), "--max-calls", "0"], "--max-calls expects a positive integer, got 0"),
+])
+def test_bad_options_are_refused_before_the_gpu(argv, message):
+    res = _run(*argv)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert message in res.stderr
+
+
+def test_a_set_tuning_db_variable_is_refused(tmp_path):
+    env = dict(os.environ, CC1D_TUNING_DB=str(tmp_path / "mine.db"))
+    res = _run("--before", str(SHIPPED), "--list", env=env)
+    assert res.returncode == 2 and "CC1D_TUNING_DB is set" in res.stderr
+
+
+def test_list_names_every_moved_call(tmp_path):
+    before = _without(tmp_path)
+    with TuningDB(before, readonly=True) as a, TuningDB(SHIPPED, readonly=True) as b:
+        want = moved_calls(snapshot(a), snapshot(b))
+    assert len(want) > 3  # the entry serves calls around it
+    res = _run("--before", str(before), "--after", str(SHIPPED), "--list", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0] == f"{len(want)} moved calls"
+    assert len(lines) == len(want) + 1
+    for m, ln in zip(want, lines[1:]):
+        assert ln.startswith(f"sm_90 {m.family_key} ({m.features}) {m.call}: ")
+        assert ln.endswith(m.after[len(m.family_key) + 1:])  # all timed: bwd with bias and SiLU
+
+
+def test_an_unchanged_db_moves_nothing(tmp_path):
+    res = _run("--before", str(SHIPPED), "--after", str(SHIPPED), "--list", cwd=tmp_path)
+    assert res.returncode == 0 and res.stdout.splitlines() == ["0 moved calls"]
+
+
+@pytest.mark.parametrize("family, features, why", [
+    ("bwd.cf.bf16wbf16.w4", "bias,silu", None),
+    ("fwd.cl.f16wf16.w3", "", None),
+    ("fwd.cf.bf16wbf16.w4", "silu", None),
+    ("upd.cl.bf16wbf16.w4", "bias,silu", "op upd"),
+    ("bwd.cf.bf16wbf16.w4", "bias,silu,seqidx", "features seqidx"),
+    ("fwd.cf.bf16wbf16.w4", "bias,silu,init,final", "features final,init"),
+])
+def test_which_calls_are_timed(family, features, why):
+    m = Move("sm_90", family, features, (1, 64, 128), None, family + ".x")
+    assert moves_script.why_untimed(m) == why
+
+
+def test_ratio_is_none_where_a_time_is_missing():
+    assert moves_script.ratio(30.0, 20.0) == 1.5
+    assert moves_script.ratio(None, 20.0) is None and moves_script.ratio(30.0, float("nan")) is None
+
+
+@pytest.mark.gpu
+def test_a_moved_call_is_timed_through_each_db(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    before = _without(tmp_path)
+    out = tmp_path / "m.json"
+    res = _run("--before", str(before), "--after", str(SHIPPED), "--max-calls", "2", "--out", str(out),
+               cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.loads(out.read_text())
+    assert len(doc["rows"]) == 2 and doc["not_timed"]
+    for row in doc["rows"]:
+        assert row["before_us"] > 0 and row["after_us"] > 0, row
+        assert row["after_vs_before"] == pytest.approx(row["before_us"] / row["after_us"])
+
+
+@pytest.mark.gpu
+def test_the_dispatcher_serves_each_db_in_turn(tmp_path):
+    """What bench_moves.py relies on: pointing the dispatcher at a folder with one DB makes
+    the next call's decision come from it, and nothing else is in the chain."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    import cc1d
+    from cc1d import backward
+    from cc1d._runtime import runtime
+    before = _without(tmp_path)
+    with TuningDB(before, readonly=True) as a, TuningDB(SHIPPED, readonly=True) as b:
+        m = next(m for m in moved_calls(snapshot(a), snapshot(b)) if m.before)
+    dirs = {name: moves_script.package_dir_with(db, "sm_90", tmp_path, name)
+            for name, db in (("before", before), ("after", SHIPPED))}
+    bsz, d, n = m.call
+    x, dout = (torch.randn(bsz, d, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    w = torch.randn(d, 4, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(d, device="cuda", dtype=torch.bfloat16)
+    args = backward._bwd_call_args(x, w, bias, None, None, dout, None, torch.empty_like(x), None,
+                                   torch.empty_like(w), torch.empty_like(bias), None, True)
+    try:
+        for name, want in (("before", m.before), ("after", m.after), ("before", m.before)):
+            runtime().set_package_dir(str(dirs[name]))
+            got = runtime().explain_bwd(*args)
+            assert got["source"].startswith(str(dirs[name])), got
+            assert got["key"].split(".realign")[0] == want, (name, got)
+    finally:
+        runtime().set_package_dir(str(Path(cc1d.__file__).resolve().parent))
+
+
+def test_the_table_puts_the_slowed_calls_first_and_counts_them(capsys):
+    def row(call, before, after, peer=None):
+        r = dict(family="bwd.cf.bf16wbf16.w4", features="bias,silu", call=call,
+                 before_variant="bwd.cf.bf16wbf16.w4.tA", after_variant="bwd.cf.bf16wbf16.w4.tB",
+                 before_us=before, after_us=after)
+        if peer:
+            r["peer_us"] = peer
+        else:
+            r["peer_error"] = "width 4 refused"
+        r["after_vs_before"] = moves_script.ratio(before, after)
+        r["after_vs_peer"] = moves_script.ratio(peer, after)
+        return r
+    doc = dict(device="GPU A", copy_gbps=4000.0, peer_version="1.7.0", before="a.db", after="b.db",
+               rows=[row([1, 64, 128], 10.0, 8.0, 9.0), row([2, 64, 128], 10.0, 12.0)],
+               not_timed=[dict(family="upd.cl.bf16wbf16.w4", features="bias,silu", call=[1, 64, 1], reason="op upd")])
+    moves_script.print_table(doc)
+    out = capsys.readouterr().out.splitlines()
+    body = [ln for ln in out if ln.startswith("| bwd")]
+    assert body[0] == "| bwd.cf.bf16wbf16.w4 | bias,silu | (2, 64, 128) | tA -> tB | 10.0 | 12.0 | 0.83x | " \
+                      "failed: width 4 refused | - |"
+    assert body[1].endswith("| 10.0 | 8.0 | 1.25x | 9.0 | 1.12x |")
+    assert out[-1] == "2 calls timed, 1 more than 3 % slower after; 1 not timed"
