@@ -71,6 +71,16 @@ def why_untimed(move) -> str | None:
     return f"features {','.join(extra)}" if extra else None
 
 
+def plan(moves: list, max_calls: int) -> tuple[list, list[dict]]:
+    """The moves to time (the first max_calls of those it can) and the rest, each with why
+    it is not timed."""
+    timeable = [m for m in moves if why_untimed(m) is None]
+    timed = timeable[:max_calls]
+    rest = [dict(family=m.family_key, features=m.features, call=list(m.call),
+                 reason=why_untimed(m) or f"past --max-calls {max_calls}") for m in moves if m not in timed]
+    return timed, rest
+
+
 def _short(variant: str | None, family_key: str) -> str:
     if variant is None:
         return "(none)"
@@ -125,15 +135,12 @@ def measure(args: argparse.Namespace) -> dict:
     if not after.is_file():
         raise SystemExit(f"bench_moves.py: no --after given and no {after} for this GPU's arch")
     moves = moves_between(args.before, after, arch)
-    timed = [m for m in moves if why_untimed(m) is None][:args.max_calls]
-    untimed = [m for m in moves if m not in timed]
+    timed, not_timed = plan(moves, args.max_calls)
     dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
     peers = {"fwd": causal_conv1d("causal_conv1d_fn"), "bwd": causal_conv1d_bwd()}
     copy_gbps = copy_ceiling_gbps()
     doc = dict(device=device.name, arch=arch, before=str(args.before), after=str(after), copy_gbps=copy_gbps,
-               peer_version=causal_conv1d_version(), rows=[],
-               not_timed=[dict(family=m.family_key, features=m.features, call=list(m.call),
-                               reason=why_untimed(m) or f"past --max-calls {args.max_calls}") for m in untimed])
+               peer_version=causal_conv1d_version(), rows=[], not_timed=not_timed)
     rt = runtime()
     with tempfile.TemporaryDirectory(prefix="cc1d-moves-") as tmp:
         dirs = {"after": package_dir_with(after, arch, Path(tmp), "after"),

@@ -95,6 +95,16 @@ def test_which_calls_are_timed(family, features, why):
     assert moves_script.why_untimed(m) == why
 
 
+def test_plan_times_the_first_calls_it_can_and_says_why_not_the_rest():
+    fam = "bwd.cf.bf16wbf16.w4"
+    moves = [Move("sm_90", fam, "bias,silu", (1, 64, n), None, fam + ".x") for n in (128, 512, 1000)]
+    moves.insert(1, Move("sm_90", fam, "bias,silu,seqidx", (1, 64, 128), None, fam + ".x"))
+    timed, rest = moves_script.plan(moves, max_calls=2)
+    assert [m.call for m in timed] == [(1, 64, 128), (1, 64, 512)] and timed[0].features == "bias,silu"
+    assert rest == [dict(family=fam, features="bias,silu,seqidx", call=[1, 64, 128], reason="features seqidx"),
+                    dict(family=fam, features="bias,silu", call=[1, 64, 1000], reason="past --max-calls 2")]
+
+
 def test_ratio_is_none_where_a_time_is_missing():
     assert moves_script.ratio(30.0, 20.0) == 1.5
     assert moves_script.ratio(None, 20.0) is None and moves_script.ratio(30.0, float("nan")) is None
