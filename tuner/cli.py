@@ -68,6 +68,15 @@ def tune_parser() -> argparse.ArgumentParser:
                         "(the candidate is recorded as an error); see --candidate-timeout")
     p.add_argument("--candidate-timeout", type=float, default=120.0,
                    help="with --isolate: seconds one validation or timing may take (default 120)")
+    p.add_argument("--guard", metavar="DB", default=None,
+                   help="the tuning DB this run's winners are for (the shipped one, say; not written): "
+                        "after the shapes, the untuned calls of a grid that merging the winners into it "
+                        "would move to another variant are timed under both, and those slowed by more than "
+                        "3 %% are tuned as shapes of their own, stored in --db like the others (docs/TUNING.md)")
+    p.add_argument("--guard-rounds", type=int, default=2, metavar="N",
+                   help="with --guard: check again after tuning slowed calls, at most N rounds (default 2)")
+    p.add_argument("--guard-max-calls", type=int, default=64, metavar="N",
+                   help="with --guard: time at most N moved calls a round, the rest listed (default 64)")
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a --workers child
     p.add_argument("-v", "--verbose", action="store_true")
@@ -259,6 +268,23 @@ def _spawn_workers(args: argparse.Namespace, argv: Sequence[str], n: int, db_pat
     return storage
 
 
+def check_guard_options(args: argparse.Namespace) -> None:
+    for name in ("guard_rounds", "guard_max_calls"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')}: expected a positive number, got {getattr(args, name)}")
+    if args.guard is None:
+        return
+    if not Path(args.guard).is_file():
+        raise UsageError(f"--guard: expected a tuning DB file, got {args.guard!r} (no such file)")
+    if args.compile_only:
+        raise UsageError("--guard times calls on the GPU: not with --compile-only")
+    if args.workers > 1 or args.storage:
+        raise UsageError("--guard runs in one process: not with --workers or --storage")
+    if (Path(args.db) if args.db else default_db_path()).resolve() == Path(args.guard).resolve():
+        raise UsageError("--guard: expected another DB than --db (the run's winners are checked against it "
+                         f"before they are merged into it), got {args.guard!r} for both")
+
+
 def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], DeviceInfo | None]) -> int:
     shapes = _shapes(args)
     device = probe()
@@ -293,39 +319,95 @@ def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], Devi
     with contextlib.ExitStack() as stack, TuningDB(db_path) as db:
         starts = [stack.enter_context(TuningDB(p, readonly=True)) for p in args.start_from]
         family = DEFAULT_FAMILY_STARTS if args.family_starts is None else args.family_starts
-        bar = tqdm(shapes, desc="shapes", unit="shape", disable=None)
-        for shape in bar:
-            bar.set_postfix_str(shape.describe())
+        def new_evaluator(shape: Shape) -> Any:
+            if args.isolate:
+                return IsolatedEvaluator(functools.partial(gpu_evaluator, shape, arch),
+                                         timeout_s=args.candidate_timeout,
+                                         compile_fn=lambda v, options: compile_variant(rt, v, arch, options))
+            return GpuEvaluator(rt, shape, arch)
+
+        def run_shape(shape: Shape, more_starts: Sequence[TuningDB] = ()) -> None:
             tbar = tqdm(total=cfg.trials, desc="trials", unit="trial", leave=False, disable=None)
 
-            def on_trial(o: Any, tbar: Any = tbar) -> None:
+            def on_trial(o: Any) -> None:
                 if o.status != "invalid":
                     tbar.update(1)
 
-            if args.isolate:
-                evaluator = IsolatedEvaluator(functools.partial(gpu_evaluator, shape, arch),
-                                              timeout_s=args.candidate_timeout,
-                                              compile_fn=lambda v, options: compile_variant(rt, v, arch, options))
-            else:
-                evaluator = GpuEvaluator(rt, shape, arch)
+            evaluator = new_evaluator(shape)
             try:
                 results.append(tune_shape(shape, arch, evaluator, db, cfg, storage=storage, copy_bw=copy_bw,
                                           environment=env, run_id=run_id, on_trial=on_trial,
-                                          start_configs=start_configs(shape, arch, starts, family)))
+                                          start_configs=start_configs(shape, arch, [*more_starts, *starts],
+                                                                      family)))
             finally:
                 if args.isolate:
                     evaluator.close()
-            tbar.close()
-            del evaluator
+                tbar.close()
             if args.report and not args.worker:
                 # After every shape: a run that is stopped keeps the report of what it finished.
                 write_report(args.report, results, arch=arch, environment=env, db=str(db_path),
                              shapes=len(shapes), complete=len(results) == len(shapes))
+
+        bar = tqdm(shapes, desc="shapes", unit="shape", disable=None)
+        for shape in bar:
+            bar.set_postfix_str(shape.describe())
+            run_shape(shape)
+        if args.guard and not args.worker:
+            guard_rounds(args, arch, db_path, shapes, new_evaluator, run_shape)
     if args.worker:
         return 0
     print(table(results))
     print(f"copy ceiling: {copy_bw / 1e9:.0f} GB/s on {env.get('device', arch)}; DB: {db_path}")
     return 0 if all(r.winner for r in results) else 1
+
+
+def guard_rounds(args: argparse.Namespace, arch: str, db_path: Path, shapes: list[Shape],
+                 new_evaluator: Callable[[Shape], Any], run_shape: Callable[..., None]) -> list[Shape]:
+    """--guard: the calls the run's winners would take over in the guard DB, timed under the
+    variant it serves them now and the new one; those slowed are tuned (run_shape), then
+    the check repeats for the new winners. The shapes it tunes are appended to `shapes` (the
+    report counts them) and returned."""
+    from tqdm import tqdm
+
+    from .guard import check_moves, pending_moves, shapes_entry
+    families = {s.family().key() for s in shapes}
+    known: dict = {}
+    added: list[Shape] = []
+    for rnd in range(1, args.guard_rounds + 1):
+        moves, variants = pending_moves(Path(args.guard), db_path, arch, families)
+        checked, unchecked = moves[:args.guard_max_calls], moves[args.guard_max_calls:]
+        print(f"guard round {rnd}: the run's winners move {len(moves)} untuned calls in {args.guard}"
+              + (f"; timing the first {len(checked)}" if unchecked else ""))
+        bar = tqdm(total=len(checked), desc="guard", unit="call", disable=None)
+
+        def on_check(c: Any) -> None:
+            bar.update(1)
+            tqdm.write(f"  {c.describe()}")
+
+        try:
+            checks = check_moves(checked, variants, new_evaluator, known, on_check)
+        finally:
+            bar.close()
+        for m in unchecked:
+            print(f"  not timed (past --guard-max-calls): {m.family_key} {m.call} ({m.features})")
+        slowed = [c.shape for c in checks if c.slowed]
+        if not slowed:
+            print(f"guard round {rnd}: no call slowed by more than 3 %")
+            break
+        print(f"guard round {rnd}: tuning {len(slowed)} slowed calls as shapes of their own: "
+              + ", ".join(f"({s.batch}, {s.dim}, {s.seqlen})" for s in slowed))
+        shapes.extend(slowed)
+        added.extend(slowed)
+        with TuningDB(Path(args.guard), readonly=True) as guard_db:  # its served winner is tried first
+            for shape in tqdm(slowed, desc="guard shapes", unit="shape", disable=None):
+                run_shape(shape, (guard_db,))
+    else:
+        print(f"guard: stopped after {args.guard_rounds} rounds; the last round's new winners are not checked")
+    if added:
+        print("guard: add the tuned calls to the shapes file, so a re-tune keeps them:")
+        for s in added:
+            print(f"  - {shapes_entry(s)}")
+    return added
 
 
 # ---- db subcommands -----------------------------------------------------------------
@@ -476,6 +558,7 @@ def main(argv: Sequence[str] | None = None, *,
         for path in args.start_from:
             if not Path(path).is_file():
                 raise UsageError(f"--start-from: expected tuning DB files, got {path!r} (no such file)")
+        check_guard_options(args)
         return tune(args, argv, probe)
     except (UsageError, ShapesError, DBError, ValueError) as exc:
         print(f"cc1d-tune: error: {exc}", file=sys.stderr)

@@ -1,0 +1,173 @@
+"""cc1d-tune --guard DB (tuner/guard.py) without a GPU: the calls a run's winners would take
+over in DB are timed under the old and the new variant (the tuner's fake evaluator, its
+times depending on the call), the slowed ones tuned as shapes of their own, and checked
+again; the guard DB is never written."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from cc1d.generator import default_variant, variants
+from cc1d.tuner import cli, evaluate, measure
+from cc1d.tuner.db import TuningDB, family_from_key
+from cc1d.tuner.guard import SLOWER, Check, check_moves, merged_snapshot, pending_moves, shapes_entry
+from cc1d.tuner.moves import Move, snapshot
+from cc1d.tuner.shapes import Shape, load_shapes
+from cc1d.tuner.testing import FakeEvaluator
+
+from test_tuner_cli import H100, _store_winner, run
+
+FAMILY = family_from_key("fwd.cf.bf16wf32.w4")
+DEFAULT = default_variant(FAMILY)
+OTHERS = [v for v in variants(FAMILY) if v != DEFAULT][:2]
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _guard_db(path: Path) -> Path:
+    """Two winners of the family, neither the default: at (1, 64, 128) and (1, 64, 16384)."""
+    with TuningDB(path) as db:
+        for v, n in zip(OTHERS, (128, 16384)):
+            _store_winner(db, v, v.source, f"b1.d64.l{n}.bias.silu", 1, 64, n)
+    return path
+
+
+def _move(call=(1, 64, 2048), before="a", after="b") -> Move:
+    return Move("sm_90", FAMILY.key(), "bias,silu", call, before, after)
+
+
+@pytest.mark.parametrize("before, after, slowed", [
+    (10.0, 10.3, False), (10.0, 10.0 * SLOWER + 0.01, True), (10.0, 8.0, False),
+    (None, 12.0, False),  # nothing served it before (the catalog's default): nothing to compare
+    (10.0, None, True),   # the new variant fails where the old one ran
+])
+def test_a_call_is_slowed_beyond_the_tolerance_or_where_it_now_fails(before, after, slowed):
+    assert Check(_move(), before, after).slowed is slowed
+
+
+def test_a_shapes_entry_reads_back_as_the_shape(tmp_path):
+    shapes = [Shape.of(FAMILY, 3, 64, 2000, ["bias", "silu"]),
+              Shape.of(family_from_key("bwd.cl.f16wf16.w3"), 1, 96, 700, ["seqidx"]),
+              Shape.of(family_from_key("upd.cl.bf16wbf16.w4"), 16, 5120, 1, ["bias", "pool"])]
+    path = tmp_path / "s.yaml"
+    path.write_text("shapes:\n" + "".join(f"  - {shapes_entry(s)}\n" for s in shapes))
+    assert [s.family().key() + " " + s.key() for s in load_shapes(path)] == \
+        [s.family().key() + " " + s.key() for s in shapes]
+
+
+def test_the_merged_view_leaves_both_files_as_they_were(tmp_path):
+    guard = _guard_db(tmp_path / "guard.db")
+    run_db = tmp_path / "run.db"
+    with TuningDB(run_db) as db:
+        _store_winner(db, DEFAULT, DEFAULT.source, "b1.d64.l1024.bias.silu", 1, 64, 1024)
+    digests = (_digest(guard), _digest(run_db))
+    rows = merged_snapshot(guard, run_db)[("sm_90", FAMILY.key())]
+    assert sorted(r["seqlen"] for r in rows) == [128, 1024, 16384]
+    assert (_digest(guard), _digest(run_db)) == digests
+    moves, found = pending_moves(guard, run_db, "sm_90", {FAMILY.key()})
+    assert moves and all(m.after == DEFAULT.key() for m in moves)
+    assert all(m.before in found and m.after in found for m in moves)
+    assert pending_moves(guard, run_db, "sm_90", {"fwd.cl.bf16wf32.w4"})[0] == []
+
+
+def test_checks_are_timed_once_and_failures_kept():
+    made = []
+
+    def evaluator_for(shape):
+        made.append(shape.key())
+        return FakeEvaluator(times=lambda v: 10.0 if v == OTHERS[0] else 12.0,
+                             launch_fails=lambda v: v == OTHERS[1])
+    found = {OTHERS[0].key(): OTHERS[0], DEFAULT.key(): DEFAULT, OTHERS[1].key(): OTHERS[1],
+             "gone": "not rebuilt from its config (no such tunable)"}
+    moves = [_move((1, 64, 2048), OTHERS[0].key(), DEFAULT.key()), _move((2, 64, 2048), OTHERS[0].key(), OTHERS[1].key()),
+             _move((4, 64, 2048), None, DEFAULT.key()), _move((8, 64, 2048), OTHERS[0].key(), "gone")]
+    known: dict = {}
+    checks = check_moves(moves, found, evaluator_for, known)
+    assert [(c.before_us, c.after_us, c.slowed) for c in checks] == \
+        [(10.0, 12.0, True), (10.0, None, True), (None, 12.0, False), (10.0, None, True)]
+    assert "launch_error" in checks[1].error and "not rebuilt" in checks[3].error
+    again = check_moves(moves, found, evaluator_for, known)
+    assert again == checks and len(made) == 4  # nothing timed twice
+
+
+def _fake_gpu(monkeypatch, slow_seqlen=2048):
+    """Evaluators whose times depend on the call: the default variant is fastest everywhere
+    (so it wins the tuned shape) but at `slow_seqlen`, where it takes 3x the guard DB's
+    winners' time."""
+    made = []
+
+    def gpu_evaluator(rt, shape, arch):
+        made.append(shape.key())
+
+        def times(v):
+            if v == DEFAULT:
+                return 30.0 if shape.seqlen == slow_seqlen else 5.0
+            return 10.0 if v in OTHERS else 20.0
+        return FakeEvaluator(times=times)
+    monkeypatch.setattr(evaluate, "GpuEvaluator", gpu_evaluator)
+    monkeypatch.setattr(measure, "copy_bandwidth", lambda: 3e12)
+    monkeypatch.setattr(cli, "_runtime", lambda: None)
+    return made
+
+
+def test_guard_tunes_the_calls_the_new_winner_slows(tmp_path, capsys, monkeypatch):
+    _fake_gpu(monkeypatch)
+    guard = _guard_db(tmp_path / "guard.db")
+    digest = _digest(guard)
+    shapes = tmp_path / "s.yaml"
+    shapes.write_text("- {layout: cf, dtypes: bf16/f32, width: 4, batch: 1, dim: 64, seqlen: 1024}\n")
+    report, run_db = tmp_path / "r.json", tmp_path / "run.db"
+    code, out, err = run(["--shapes", shapes, "--db", run_db, "--trials", "3", "--guard", guard,
+                          "--report", report], capsys, probe=lambda: H100)
+    assert code == 0, err
+    assert _digest(guard) == digest
+    assert "guard round 1: the run's winners move" in out and "SLOWED" in out
+    with TuningDB(run_db, readonly=True) as db:
+        tuned = {(w["batch"], w["seqlen"]): w["variant_key"] for w in db.winners("sm_90")}
+    assert tuned[(1, 1024)] == DEFAULT.key()
+    added = [k for k in tuned if k != (1, 1024)]
+    assert added and all(n == 2048 for _, n in added)  # only the calls the default is slow at
+    assert all(tuned[k] in {v.key() for v in OTHERS} for k in added)  # the guard DB's config, tried first
+    lines = out.splitlines()
+    entries = lines[lines.index("guard: add the tuned calls to the shapes file, so a re-tune keeps them:") + 1:]
+    yaml = tmp_path / "added.yaml"
+    yaml.write_text("shapes:\n" + "".join(ln + "\n" for ln in entries if ln.startswith("  - {")))
+    assert sorted((s.batch, s.seqlen) for s in load_shapes(yaml)) == sorted(added)
+    import json
+    data = json.loads(report.read_text())
+    assert data["complete"] and data["shapes"] == 1 + len(added) == len(data["results"])
+
+
+def test_a_harmless_winner_ends_the_guard_in_one_round(tmp_path, capsys, monkeypatch):
+    made = _fake_gpu(monkeypatch, slow_seqlen=-1)  # the default is fastest at every call
+    guard = _guard_db(tmp_path / "guard.db")
+    shapes = tmp_path / "s.yaml"
+    shapes.write_text("- {layout: cf, dtypes: bf16/f32, width: 4, batch: 1, dim: 64, seqlen: 1024}\n")
+    code, out, _ = run(["--shapes", shapes, "--db", tmp_path / "run.db", "--trials", "3", "--guard", guard,
+                        "--guard-max-calls", "2"], capsys, probe=lambda: H100)
+    assert code == 0
+    assert "guard round 1: no call slowed by more than 3 %" in out and "guard round 2" not in out
+    assert "; timing the first 2" in out and "not timed (past --guard-max-calls)" in out
+    assert len(made) == 1 + 2  # the tuned shape, then the two calls timed
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--guard", "NONE"], "--guard: expected a tuning DB file"),
+    (["--guard", "GUARD", "--compile-only"], "--guard times calls on the GPU: not with --compile-only"),
+    (["--guard", "GUARD", "--workers", "2"], "--guard runs in one process: not with --workers or --storage"),
+    (["--guard", "GUARD", "--db", "GUARD"], "--guard: expected another DB than --db"),
+    (["--guard", "GUARD", "--guard-rounds", "0"], "--guard-rounds: expected a positive number, got 0"),
+    (["--guard-max-calls", "0"], "--guard-max-calls: expected a positive number, got 0"),
+])
+def test_guard_options_are_checked(tmp_path, capsys, extra, message):
+    guard = _guard_db(tmp_path / "guard.db")
+    shapes = tmp_path / "s.yaml"
+    shapes.write_text("- {layout: cf, dtypes: bf16/f32, width: 4, batch: 1, dim: 64, seqlen: 1024}\n")
+    argv = ["--shapes", shapes, "--arch", "sm_90"] + [
+        {"GUARD": guard, "NONE": tmp_path / "none.db"}.get(a, a) for a in extra]
+    code, _, err = run(argv, capsys, probe=lambda: H100)
+    assert code == 2 and message in err, err
