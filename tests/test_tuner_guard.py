@@ -5,6 +5,7 @@ again; the guard DB is never written."""
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from cc1d.generator import default_variant, variants
 from cc1d.tuner import cli, evaluate, measure
 from cc1d.tuner.db import TuningDB, family_from_key
 from cc1d.tuner.guard import SLOWER, Check, check_moves, merged_snapshot, pending_moves, shapes_entry
-from cc1d.tuner.moves import Move, snapshot
+from cc1d.tuner.moves import Move
 from cc1d.tuner.shapes import Shape, load_shapes
 from cc1d.tuner.testing import FakeEvaluator
 
@@ -77,16 +78,21 @@ def test_the_merged_view_leaves_both_files_as_they_were(tmp_path):
 def test_checks_are_timed_once_and_failures_kept():
     made = []
 
+    closed = []
+
     def evaluator_for(shape):
         made.append(shape.key())
-        return FakeEvaluator(times=lambda v: 10.0 if v == OTHERS[0] else 12.0,
-                             launch_fails=lambda v: v == OTHERS[1])
+        ev = FakeEvaluator(times=lambda v: 10.0 if v == OTHERS[0] else 12.0, launch_fails=lambda v: v == OTHERS[1])
+        ev.close = lambda: closed.append(shape.key())
+        return ev
     found = {OTHERS[0].key(): OTHERS[0], DEFAULT.key(): DEFAULT, OTHERS[1].key(): OTHERS[1],
              "gone": "not rebuilt from its config (no such tunable)"}
-    moves = [_move((1, 64, 2048), OTHERS[0].key(), DEFAULT.key()), _move((2, 64, 2048), OTHERS[0].key(), OTHERS[1].key()),
-             _move((4, 64, 2048), None, DEFAULT.key()), _move((8, 64, 2048), OTHERS[0].key(), "gone")]
+    old = OTHERS[0].key()
+    moves = [_move((1, 64, 2048), old, DEFAULT.key()), _move((2, 64, 2048), old, OTHERS[1].key()),
+             _move((4, 64, 2048), None, DEFAULT.key()), _move((8, 64, 2048), old, "gone")]
     known: dict = {}
     checks = check_moves(moves, found, evaluator_for, known)
+    assert closed == made  # an isolated evaluator's worker is let go after its call
     assert [(c.before_us, c.after_us, c.slowed) for c in checks] == \
         [(10.0, 12.0, True), (10.0, None, True), (None, 12.0, False), (10.0, None, True)]
     assert "launch_error" in checks[1].error and "not rebuilt" in checks[3].error
@@ -137,7 +143,6 @@ def test_guard_tunes_the_calls_the_new_winner_slows(tmp_path, capsys, monkeypatc
     yaml = tmp_path / "added.yaml"
     yaml.write_text("shapes:\n" + "".join(ln + "\n" for ln in entries if ln.startswith("  - {")))
     assert sorted((s.batch, s.seqlen) for s in load_shapes(yaml)) == sorted(added)
-    import json
     data = json.loads(report.read_text())
     assert data["complete"] and data["shapes"] == 1 + len(added) == len(data["results"])
 

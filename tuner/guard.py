@@ -134,8 +134,12 @@ def check_moves(moves: list[Move], variants: dict[str, Variant | str],
             b, d, n = m.call
             shape = Shape.of(family_from_key(m.family_key), b, d, n, filter(None, m.features.split(",")))
             ev = evaluator_for(shape)
-            before_us, before_err = time_at(ev, variants[m.before]) if m.before else (None, None)
-            after_us, after_err = time_at(ev, variants[m.after])
+            try:
+                before_us, before_err = time_at(ev, variants[m.before]) if m.before else (None, None)
+                after_us, after_err = time_at(ev, variants[m.after])
+            finally:
+                if hasattr(ev, "close"):  # --isolate's evaluator: its worker process
+                    ev.close()
             known[key] = Check(m, before_us, after_us, after_err or before_err)
             on_check(known[key])
         out.append(known[key])
