@@ -50,6 +50,12 @@ def test_a_call_is_slowed_beyond_the_tolerance_or_where_it_now_fails(before, aft
     assert Check(_move(), before, after).slowed is slowed
 
 
+def test_noisy_times_need_a_larger_difference():
+    assert Check(_move(), 10.0, 10.5, noise=0.01).slowed      # 5 % > 3 %, the floor
+    assert not Check(_move(), 10.0, 10.5, noise=0.03).slowed  # 5 % < twice 3 % of noise
+    assert Check(_move(), 10.0, 10.7, noise=0.03).slowed
+
+
 def test_a_shapes_entry_reads_back_as_the_shape(tmp_path):
     shapes = [Shape.of(FAMILY, 3, 64, 2000, ["bias", "silu"]),
               Shape.of(family_from_key("bwd.cl.f16wf16.w3"), 1, 96, 700, ["seqidx"]),

@@ -11,6 +11,7 @@ winners may move other calls, so it checks again, a few rounds at most.
 """
 from __future__ import annotations
 
+import math
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -20,10 +21,12 @@ from typing import Callable
 from ..generator import Variant
 from .db import TuningDB, family_from_key, winner_variant
 from .evaluate import CandidateError, Evaluator
+from .measure import Timing, median_error
 from .moves import Move, Rows, moved_calls, snapshot
 from .shapes import Shape
 
 SLOWER = 1.03  # a call is slowed where its new variant takes more than this times the old one's time
+                # (or more than twice the two times' noise, where that is larger)
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class Check:
     before_us: float | None  # None: no variant served it before (the catalog's default did), or it failed
     after_us: float | None   # None: the new variant failed there (an error, below)
     error: str | None = None
+    noise: float = 0.0       # relative standard error of the two medians together (measure.median_error)
 
     @property
     def shape(self) -> Shape:
@@ -43,7 +47,8 @@ class Check:
         """Worse with the new winners: slower beyond SLOWER, or failing where the old ran."""
         if self.after_us is None:
             return self.before_us is not None
-        return self.before_us is not None and self.after_us > SLOWER * self.before_us
+        limit = max(SLOWER - 1.0, 2.0 * self.noise)
+        return self.before_us is not None and self.after_us > (1.0 + limit) * self.before_us
 
     def describe(self) -> str:
         fam = self.move.family_key
@@ -108,15 +113,15 @@ def variants_of(*snapshots: Rows) -> dict[str, Variant | str]:
     return out
 
 
-def time_at(evaluator: Evaluator, variant: Variant | str) -> tuple[float | None, str | None]:
-    """The variant's time at the evaluator's shape (checked against the reference first, as
-    every candidate is), or None and why it failed."""
+def time_at(evaluator: Evaluator, variant: Variant | str) -> tuple[Timing | None, str | None]:
+    """The variant's timing at the evaluator's shape (checked against the reference first,
+    as every candidate is), or None and why it failed."""
     if isinstance(variant, str):
         return None, variant
     try:
         evaluator.compile(variant)
         evaluator.validate(variant)
-        return evaluator.time(variant, None).median_us, None
+        return evaluator.time(variant, None), None
     except CandidateError as exc:
         return None, str(exc)
 
@@ -135,12 +140,14 @@ def check_moves(moves: list[Move], variants: dict[str, Variant | str],
             shape = Shape.of(family_from_key(m.family_key), b, d, n, filter(None, m.features.split(",")))
             ev = evaluator_for(shape)
             try:
-                before_us, before_err = time_at(ev, variants[m.before]) if m.before else (None, None)
-                after_us, after_err = time_at(ev, variants[m.after])
+                before, before_err = time_at(ev, variants[m.before]) if m.before else (None, None)
+                after, after_err = time_at(ev, variants[m.after])
             finally:
                 if hasattr(ev, "close"):  # --isolate's evaluator: its worker process
                     ev.close()
-            known[key] = Check(m, before_us, after_us, after_err or before_err)
+            noise = math.hypot(*(median_error(t) for t in (before, after) if t is not None))
+            known[key] = Check(m, before.median_us if before else None, after.median_us if after else None,
+                               after_err or before_err, noise)
             on_check(known[key])
         out.append(known[key])
     return out

@@ -29,7 +29,7 @@ from optuna.trial import TrialState
 from ..generator import EPOCH, Family, Variant, arch_info, default_variant, space_for, variants
 from .db import TuningDB
 from .evaluate import CandidateError, Evaluator
-from .measure import TIMING_METHOD, Timing
+from .measure import TIMING_METHOD, Timing, median_error
 from .serving import dispatch_rank, served_winner
 from .shapes import Shape
 
@@ -406,13 +406,6 @@ def winner_row(shape: Shape, arch: str, v: Variant, **measured: Any) -> dict:
 
 def _middle(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
-
-
-def median_error(t: Timing) -> float:
-    """Relative standard error of a timing's median. Its p20-p80 spread is about 1.68
-    standard deviations of one sample (a normal's); a median of n samples varies by
-    about 1.25 of those over sqrt(n)."""
-    return 0.745 * t.spread / math.sqrt(max(t.samples, 1))
 
 
 def _attrs(o: Outcome) -> dict:
