@@ -319,6 +319,7 @@ def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], Devi
     with contextlib.ExitStack() as stack, TuningDB(db_path) as db:
         starts = [stack.enter_context(TuningDB(p, readonly=True)) for p in args.start_from]
         family = DEFAULT_FAMILY_STARTS if args.family_starts is None else args.family_starts
+
         def new_evaluator(shape: Shape) -> Any:
             if args.isolate:
                 return IsolatedEvaluator(functools.partial(gpu_evaluator, shape, arch),
@@ -388,8 +389,10 @@ def guard_rounds(args: argparse.Namespace, arch: str, db_path: Path, shapes: lis
             checks = check_moves(checked, variants, new_evaluator, known, on_check)
         finally:
             bar.close()
-        for m in unchecked:
-            print(f"  not timed (past --guard-max-calls): {m.family_key} {m.call} ({m.features})")
+        if unchecked:
+            shown = ", ".join(f"{m.family_key} {m.call}" for m in unchecked[:10])
+            print(f"  not timed (past --guard-max-calls {args.guard_max_calls}): {len(unchecked)} calls, "
+                  f"{shown}{', ...' if len(unchecked) > 10 else ''}")
         slowed = [c.shape for c in checks if c.slowed]
         if not slowed:
             print(f"guard round {rnd}: no call slowed by more than 3 %")
