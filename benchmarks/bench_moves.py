@@ -7,8 +7,9 @@ theirs (session 66: the (1, 5120, 3000) entry took (1, 4096, 3000) from 28.6 to 
 `cc1d-tune db merge` counts the moved calls of a grid (tuner/moves.py); this lists them all
 and times each through both DBs and the peer, their CUDA graph replays interleaved in one
 process (timing.graph_times_us): the dispatcher is pointed at a folder holding only the
-one DB before each is captured. Forward and backward calls whose features are bias and SiLU
-(or fewer) are timed; the others are listed as not timed.
+one DB before each is captured. Forward and backward calls are timed, with any of their
+features (inputs as the tuner makes them, tuner/problems.py); decode-update and varlen
+calls are listed as not timed.
 
     python benchmarks/bench_moves.py --before OLD.db [--after NEW.db] [--max-calls 40] [--out m.json]
     python benchmarks/bench_moves.py --before OLD.db [--after NEW.db] --list        # no GPU
@@ -29,7 +30,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TIMED_OPS = ("fwd", "bwd")
-TIMED_FEATURES = {"bias", "silu"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -65,10 +65,7 @@ def moves_between(before: Path, after: Path, arch: str | None = None) -> list:
 def why_untimed(move) -> str | None:
     """Why a moved call is not timed here, or None where it is."""
     op = move.family_key.split(".", 1)[0]
-    if op not in TIMED_OPS:
-        return f"op {op}"
-    extra = sorted(set(filter(None, move.features.split(","))) - TIMED_FEATURES)
-    return f"features {','.join(extra)}" if extra else None
+    return None if op in TIMED_OPS else f"op {op}"
 
 
 def plan(moves: list, max_calls: int) -> tuple[list, list[dict]]:
@@ -124,6 +121,8 @@ def measure(args: argparse.Namespace) -> dict:
     from cc1d._runtime import runtime
     from cc1d.tuner.db import family_from_key
     from cc1d.tuner.device import probe_device
+    from cc1d.tuner.problems import problem_for
+    from cc1d.tuner.shapes import Shape
     from peers import causal_conv1d, causal_conv1d_bwd, causal_conv1d_version
     from timing import copy_ceiling_gbps, graph_times_us, n_buffers
 
@@ -136,7 +135,6 @@ def measure(args: argparse.Namespace) -> dict:
         raise SystemExit(f"bench_moves.py: no --after given and no {after} for this GPU's arch")
     moves = moves_between(args.before, after, arch)
     timed, not_timed = plan(moves, args.max_calls)
-    dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
     peers = {"fwd": causal_conv1d("causal_conv1d_fn"), "bwd": causal_conv1d_bwd()}
     copy_gbps = copy_ceiling_gbps()
     doc = dict(device=device.name, arch=arch, before=str(args.before), after=str(after), copy_gbps=copy_gbps,
@@ -149,37 +147,22 @@ def measure(args: argparse.Namespace) -> dict:
         bar = tqdm(total=len(timed), desc="moved calls", unit="call", disable=None)
         try:
             for m in timed:
-                fam = family_from_key(m.family_key)
-                feats = set(filter(None, m.features.split(",")))
                 b, d, n = m.call
-                xdt, wdt = dtypes[fam.x_dtype], dtypes[fam.w_dtype]
-                act = "silu" if "silu" in feats else None
-                w = torch.randn(d, fam.width, device="cuda", dtype=wdt) / fam.width ** 0.5
-                bias = torch.randn(d, device="cuda", dtype=wdt) if "bias" in feats else None
-
-                def tensor() -> "torch.Tensor":
-                    if fam.layout == "cf":
-                        return torch.randn(b, d, n, device="cuda", dtype=xdt)
-                    return torch.randn(b, n, d, device="cuda", dtype=xdt).transpose(1, 2)
-
-                ios = 2 if fam.op == "fwd" else 3
-                nbytes = ios * b * d * n * torch.tensor([], dtype=xdt).element_size()
-                sets = [(tensor(), tensor()) for _ in range(n_buffers(nbytes))]
-                peer = peers[fam.op]
-                if fam.op == "fwd":
-                    ours = [lambda s=s: cc1d.causal_conv1d_fn(s[0], w, bias, activation=act) for s in sets]
-                    theirs = [lambda s=s: peer(s[0], w, bias, activation=act) for s in sets] if peer else None
-                else:
-                    ours = [lambda s=s: cc1d.causal_conv1d_bwd(s[0], w, bias, s[1], activation=act) for s in sets]
-                    theirs = [lambda s=s: peer(s[0], w, bias, s[1], silu=act == "silu") for s in sets] if peer else None
+                shape = Shape.of(family_from_key(m.family_key), b, d, n, filter(None, m.features.split(",")))
+                problem = problem_for(shape.op)
+                sets = [problem.make_inputs(shape, seed=k)
+                        for k in range(n_buffers(problem.bytes_moved(shape)))]
+                ours, theirs = calls_of(shape, sets, peers[shape.op])
                 cands = {"after": ours, "before": ours}
                 if theirs is not None:
                     cands["peer"] = theirs
                 times = graph_times_us(cands, setup=setup)
-                row = dict(family=m.family_key, features=m.features, call=[b, d, n],
+                row = dict(family=m.family_key, features=m.features, call=[b, d, n], copy_frac_after=None,
                            before_variant=m.before, after_variant=m.after)
                 for name, t in times.items():
                     row[f"{name}_us" if isinstance(t, float) else f"{name}_error"] = t
+                if row.get("after_us"):
+                    row["copy_frac_after"] = problem.bytes_moved(shape) / (row["after_us"] * 1e-6) / 1e9 / copy_gbps
                 row["after_vs_before"] = ratio(row.get("before_us"), row.get("after_us"))
                 row["after_vs_peer"] = ratio(row.get("peer_us"), row.get("after_us"))
                 doc["rows"].append(row)
@@ -195,6 +178,33 @@ def measure(args: argparse.Namespace) -> dict:
     return doc
 
 
+def calls_of(shape, sets: list[dict], peer) -> tuple[list, list | None]:
+    """cc1d's call of the shape's op on each input set (tuner/problems.py make_inputs), and
+    the peer's where it has one for the shape (None: it has none; one it refuses is timed
+    as an error)."""
+    import cc1d
+    act = "silu" if shape.activation == "silu" else None
+    if shape.op == "fwd":
+        ours = [lambda s=s: cc1d.causal_conv1d_fn(s["x"], s["weight"], s["bias"], seq_idx=s["seq_idx"],
+                                                  initial_states=s["initial_states"],
+                                                  return_final_states=shape.final_states, activation=act)
+                for s in sets]
+        theirs = None if peer is None else [
+            lambda s=s: peer(s["x"], s["weight"], s["bias"], seq_idx=s["seq_idx"], initial_states=s["initial_states"],
+                             return_final_states=shape.final_states, activation=act) for s in sets]
+        return ours, theirs
+    ours = [lambda s=s: cc1d.causal_conv1d_bwd(s["x"], s["weight"], s["bias"], s["dout"], s["seq_idx"],
+                                               s["initial_states"], s["dfinal_states"],
+                                               return_dinitial_states=shape.initial_states, activation=act)
+            for s in sets]
+    # bench_bwd's wrapper of the peer takes no states: where the call has them, it has no peer
+    plain = not (shape.initial_states or shape.final_states)
+    theirs = None if peer is None or not plain else [
+        lambda s=s: peer(s["x"], s["weight"], s["bias"], s["dout"], seq_idx=s["seq_idx"], silu=act == "silu")
+        for s in sets]
+    return ours, theirs
+
+
 def _us(row: dict, name: str) -> str:
     t = row.get(f"{name}_us")
     return f"{t:.1f}" if t is not None else f"failed: {row.get(f'{name}_error', '?')[:60]}"
@@ -207,17 +217,19 @@ def _x(v: float | None) -> str:
 def line(row: dict) -> str:
     fam = row["family"]
     peer = _us(row, "peer") if "peer_us" in row or "peer_error" in row else "-"
+    frac = row.get("copy_frac_after")
     return (f"| {fam} | {row['features'] or '-'} | {tuple(row['call'])} | "
             f"{_short(row['before_variant'], fam)} -> {_short(row['after_variant'], fam)} | {_us(row, 'before')} | "
-            f"{_us(row, 'after')} | {_x(row['after_vs_before'])} | {peer} | {_x(row['after_vs_peer'])} |")
+            f"{_us(row, 'after')} | {f'{100 * frac:.0f} %' if frac else '-'} | {_x(row['after_vs_before'])} | "
+            f"{peer} | {_x(row['after_vs_peer'])} |")
 
 
 def print_table(doc: dict) -> None:
     print(f"\n{doc['device']}; copy ceiling {doc['copy_gbps']:.0f} GB/s; causal_conv1d "
           f"{doc['peer_version'] or 'not installed'}; before {doc['before']}, after {doc['after']}")
     print("| family | features | (batch, dim, seqlen) | variant before -> after | before µs | after µs | "
-          "speed after vs before | peer µs | after vs peer |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "after % of copy | speed after vs before | peer µs | after vs peer |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for row in sorted(doc["rows"], key=lambda r: r["after_vs_before"] or 0.0):
         print(line(row))
     slower = [r for r in doc["rows"] if r["after_vs_before"] is not None and r["after_vs_before"] < 0.97]

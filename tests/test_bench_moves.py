@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from cc1d.tuner.db import TuningDB, family_from_key
 from cc1d.tuner.moves import Move, moved_calls, snapshot
-from cc1d.tuner.db import TuningDB
+from cc1d.tuner.shapes import Shape
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "bench_moves.py"
@@ -87,8 +88,9 @@ def test_an_unchanged_db_moves_nothing(tmp_path):
     ("fwd.cl.f16wf16.w3", "", None),
     ("fwd.cf.bf16wbf16.w4", "silu", None),
     ("upd.cl.bf16wbf16.w4", "bias,silu", "op upd"),
-    ("bwd.cf.bf16wbf16.w4", "bias,silu,seqidx", "features seqidx"),
-    ("fwd.cf.bf16wbf16.w4", "bias,silu,init,final", "features final,init"),
+    ("bwd.cf.bf16wbf16.w4", "bias,silu,seqidx", None),
+    ("fwd.cl.bf16wbf16.w4", "bias,silu,init,final", None),
+    ("vfwd.cl.bf16wbf16.w4", "bias,silu,init,final", "op vfwd"),
 ])
 def test_which_calls_are_timed(family, features, why):
     m = Move("sm_90", family, features, (1, 64, 128), None, family + ".x")
@@ -98,10 +100,11 @@ def test_which_calls_are_timed(family, features, why):
 def test_plan_times_the_first_calls_it_can_and_says_why_not_the_rest():
     fam = "bwd.cf.bf16wbf16.w4"
     moves = [Move("sm_90", fam, "bias,silu", (1, 64, n), None, fam + ".x") for n in (128, 512, 1000)]
-    moves.insert(1, Move("sm_90", fam, "bias,silu,seqidx", (1, 64, 128), None, fam + ".x"))
+    upd = "upd.cl.bf16wbf16.w4"
+    moves.insert(1, Move("sm_90", upd, "bias,silu,pool", (16, 64, 1), None, upd + ".x"))
     timed, rest = moves_script.plan(moves, max_calls=2)
-    assert [m.call for m in timed] == [(1, 64, 128), (1, 64, 512)] and timed[0].features == "bias,silu"
-    assert rest == [dict(family=fam, features="bias,silu,seqidx", call=[1, 64, 128], reason="features seqidx"),
+    assert [m.call for m in timed] == [(1, 64, 128), (1, 64, 512)] and timed[0].family_key == fam
+    assert rest == [dict(family=upd, features="bias,silu,pool", call=[16, 64, 1], reason="op upd"),
                     dict(family=fam, features="bias,silu", call=[1, 64, 1000], reason="past --max-calls 2")]
 
 
@@ -162,7 +165,7 @@ def test_the_table_puts_the_slowed_calls_first_and_counts_them(capsys):
     def row(call, before, after, peer=None):
         r = dict(family="bwd.cf.bf16wbf16.w4", features="bias,silu", call=call,
                  before_variant="bwd.cf.bf16wbf16.w4.tA", after_variant="bwd.cf.bf16wbf16.w4.tB",
-                 before_us=before, after_us=after)
+                 before_us=before, after_us=after, copy_frac_after=0.5)
         if peer:
             r["peer_us"] = peer
         else:
@@ -176,7 +179,44 @@ def test_the_table_puts_the_slowed_calls_first_and_counts_them(capsys):
     moves_script.print_table(doc)
     out = capsys.readouterr().out.splitlines()
     body = [ln for ln in out if ln.startswith("| bwd")]
-    assert body[0] == "| bwd.cf.bf16wbf16.w4 | bias,silu | (2, 64, 128) | tA -> tB | 10.0 | 12.0 | 0.83x | " \
+    assert body[0] == "| bwd.cf.bf16wbf16.w4 | bias,silu | (2, 64, 128) | tA -> tB | 10.0 | 12.0 | 50 % | 0.83x | " \
                       "failed: width 4 refused | - |"
-    assert body[1].endswith("| 10.0 | 8.0 | 1.25x | 9.0 | 1.12x |")
+    assert body[1].endswith("| 10.0 | 8.0 | 50 % | 1.25x | 9.0 | 1.12x |")
     assert out[-1] == "2 calls timed, 1 more than 3 % slower after; 1 not timed"
+
+
+@pytest.mark.parametrize("family, features", [
+    ("fwd.cf.bf16wbf16.w4", ["bias", "silu"]), ("fwd.cl.f16wf16.w3", ["seqidx"]),
+    ("fwd.cl.bf16wbf16.w4", ["bias", "silu", "init", "final"]), ("bwd.cf.bf16wbf16.w4", ["bias", "silu", "seqidx"]),
+    ("bwd.cl.bf16wf32.w4", ["silu", "init", "final"]),
+])
+def test_the_calls_pass_every_input_the_tuner_makes(monkeypatch, family, features):
+    """calls_of on CPU tensors from tuner/problems.py, cc1d's functions and the peer replaced
+    by recorders: each input of the shape reaches them, the states only where the call has them."""
+    pytest.importorskip("torch")
+    import cc1d
+    from cc1d.tuner.problems import problem_for
+    seen = {}
+    monkeypatch.setattr(cc1d, "causal_conv1d_fn", lambda *a, **k: seen.update(ours=(a, k)))
+    monkeypatch.setattr(cc1d, "causal_conv1d_bwd", lambda *a, **k: seen.update(ours=(a, k)))
+    shape = Shape.of(family_from_key(family), 2, 16, 40, features)
+    sets = [problem_for(shape.op).make_inputs(shape, seed=k, device="cpu") for k in range(2)]
+    ours, theirs = moves_script.calls_of(shape, sets, lambda *a, **k: seen.update(peer=(a, k)))
+    assert len(ours) == 2
+    ours[1]()
+    args, kw = seen["ours"]
+    s = sets[1]
+    assert args[0] is s["x"] and args[1] is s["weight"] and args[2] is s["bias"]
+    assert kw["activation"] == ("silu" if "silu" in features else None)
+    if shape.op == "fwd":
+        assert kw["seq_idx"] is s["seq_idx"] and kw["initial_states"] is s["initial_states"]
+        assert kw["return_final_states"] == ("final" in features)
+    else:
+        assert args[3] is s["dout"] and args[4] is s["seq_idx"] and args[5] is s["initial_states"]
+        assert args[6] is s["dfinal_states"] and kw["return_dinitial_states"] == ("init" in features)
+    assert ("seqidx" in features) == (s["seq_idx"] is not None)
+    if shape.op == "bwd" and "init" in features:
+        assert theirs is None  # the peer's backward wrapper takes no states
+    else:
+        theirs[0]()
+        assert seen["peer"][0][0] is sets[0]["x"]
