@@ -39,8 +39,7 @@ class Check:
 
     @property
     def shape(self) -> Shape:
-        b, d, n = self.move.call
-        return Shape.of(family_from_key(self.move.family_key), b, d, n, filter(None, self.move.features.split(",")))
+        return shape_of(self.move)
 
     @property
     def slowed(self) -> bool:
@@ -59,6 +58,12 @@ class Check:
         note = f" ({self.error})" if self.error else ""
         return (f"{fam} {self.shape.key()}: {before} -> {_short(self.move.after, fam)} {us(self.after_us)}"
                 f"{' SLOWED' if self.slowed else ''}{note}")
+
+
+def shape_of(move: Move) -> Shape:
+    """The moved call as a shape to time or tune."""
+    b, d, n = move.call
+    return Shape.of(family_from_key(move.family_key), b, d, n, filter(None, move.features.split(",")))
 
 
 def shapes_entry(shape: Shape) -> str:
@@ -136,9 +141,7 @@ def check_moves(moves: list[Move], variants: dict[str, Variant | str],
     for m in moves:
         key = (m.arch, m.family_key, m.features, m.call, m.before, m.after)
         if key not in known:
-            b, d, n = m.call
-            shape = Shape.of(family_from_key(m.family_key), b, d, n, filter(None, m.features.split(",")))
-            ev = evaluator_for(shape)
+            ev = evaluator_for(shape_of(m))
             try:
                 before, before_err = time_at(ev, variants[m.before]) if m.before else (None, None)
                 after, after_err = time_at(ev, variants[m.after])
