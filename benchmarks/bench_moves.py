@@ -20,7 +20,6 @@ with --list, tuning_db/sm_90.db).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shutil
@@ -78,19 +77,14 @@ def plan(moves: list, max_calls: int) -> tuple[list, list[dict]]:
     return timed, rest
 
 
-def _short(variant: str | None, family_key: str) -> str:
-    if variant is None:
-        return "(none)"
-    return variant[len(family_key) + 1:] if variant.startswith(family_key + ".") else variant
-
-
 def print_list(moves: list) -> None:
+    from cc1d.tuner.moves import short_variant
     print(f"{len(moves)} moved calls")
     for m in moves:
         untimed = why_untimed(m)
         note = f"  (not timed: {untimed})" if untimed else ""
         print(f"{m.arch} {m.family_key} ({m.features or 'no features'}) {m.call}: "
-              f"{_short(m.before, m.family_key)} -> {_short(m.after, m.family_key)}{note}")
+              f"{short_variant(m.before, m.family_key)} -> {short_variant(m.after, m.family_key)}{note}")
 
 
 def package_dir_with(db: Path, arch: str, parent: Path, name: str) -> Path:
@@ -107,24 +101,16 @@ def ratio(num: float | None, den: float | None) -> float | None:
     return num / den if ok else None
 
 
-def write_json(path: Path, doc: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(path)  # whole or not at all
-
-
 def measure(args: argparse.Namespace) -> dict:
     import torch
     from tqdm import tqdm
 
     import cc1d
     from cc1d._runtime import runtime
-    from cc1d.tuner.db import family_from_key
     from cc1d.tuner.device import probe_device
     from cc1d.tuner.problems import problem_for
-    from cc1d.tuner.shapes import Shape
     from peers import causal_conv1d, causal_conv1d_bwd, causal_conv1d_version
-    from timing import copy_ceiling_gbps, graph_times_us, n_buffers
+    from timing import copy_ceiling_gbps, graph_times_us, n_buffers, write_json
 
     device = probe_device()
     if device is None:
@@ -148,7 +134,7 @@ def measure(args: argparse.Namespace) -> dict:
         try:
             for m in timed:
                 b, d, n = m.call
-                shape = Shape.of(family_from_key(m.family_key), b, d, n, filter(None, m.features.split(",")))
+                shape = m.shape
                 problem = problem_for(shape.op)
                 sets = [problem.make_inputs(shape, seed=k)
                         for k in range(n_buffers(problem.bytes_moved(shape)))]
@@ -215,11 +201,13 @@ def _x(v: float | None) -> str:
 
 
 def line(row: dict) -> str:
+    from cc1d.tuner.moves import short_variant
     fam = row["family"]
     peer = _us(row, "peer") if "peer_us" in row or "peer_error" in row else "-"
     frac = row.get("copy_frac_after")
     return (f"| {fam} | {row['features'] or '-'} | {tuple(row['call'])} | "
-            f"{_short(row['before_variant'], fam)} -> {_short(row['after_variant'], fam)} | {_us(row, 'before')} | "
+            f"{short_variant(row['before_variant'], fam)} -> {short_variant(row['after_variant'], fam)} | "
+            f"{_us(row, 'before')} | "
             f"{_us(row, 'after')} | {f'{100 * frac:.0f} %' if frac else '-'} | {_x(row['after_vs_before'])} | "
             f"{peer} | {_x(row['after_vs_peer'])} |")
 

@@ -152,6 +152,7 @@ def measure(args: argparse.Namespace) -> dict:
     from cc1d.tuner.db import TuningDB, winner_variant
     from cc1d.tuner.device import probe_device
     from cc1d.tuner.evaluate import CandidateError, GpuEvaluator
+    from timing import write_json
 
     device = probe_device()
     if device is None:
@@ -195,12 +196,6 @@ def measure(args: argparse.Namespace) -> dict:
         torch.cuda.empty_cache()
     bar.close()
     return matrix
-
-
-def write_json(path: Path, matrix: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(matrix, indent=1))
-    tmp.replace(path)  # whole or not at all
 
 
 def main(argv: list[str] | None = None) -> int:

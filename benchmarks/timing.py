@@ -128,6 +128,15 @@ def write_interleaved_run(path: str, rows: list[dict], **fields: object) -> None
         json.dump(dict(fields, timing=INTERLEAVED, rows=rows), fh, indent=1)
 
 
+def write_json(path, doc: dict) -> None:
+    """`doc` as JSON at `path` (a pathlib.Path), written whole or not at all: a run that
+    rewrites its results after every call (cross_serve.py, bench_moves.py) and is stopped
+    keeps the last whole file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(path)
+
+
 def _eager_time_us(fn: Callable[[], object], reps: int = 20) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []

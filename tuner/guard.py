@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Callable
 
 from ..generator import Variant
-from .db import TuningDB, family_from_key, winner_variant
+from .db import TuningDB, winner_variant
 from .evaluate import CandidateError, Evaluator
 from .measure import Timing, median_error
-from .moves import Move, Rows, moved_calls, snapshot
+from .moves import Move, Rows, moved_calls, short_variant, snapshot
 from .shapes import Shape
 
 SLOWER = 1.03  # a call is slowed where its new variant takes more than this times the old one's time
@@ -39,7 +39,7 @@ class Check:
 
     @property
     def shape(self) -> Shape:
-        return shape_of(self.move)
+        return self.move.shape
 
     @property
     def slowed(self) -> bool:
@@ -54,16 +54,10 @@ class Check:
 
         def us(t: float | None) -> str:
             return f"{t:.1f} µs" if t is not None else "failed"
-        before = f"{_short(self.move.before, fam)} {us(self.before_us)}" if self.move.before else "(catalog)"
+        before = f"{short_variant(self.move.before, fam)} {us(self.before_us)}" if self.move.before else "(catalog)"
         note = f" ({self.error})" if self.error else ""
-        return (f"{fam} {self.shape.key()}: {before} -> {_short(self.move.after, fam)} {us(self.after_us)}"
+        return (f"{fam} {self.shape.key()}: {before} -> {short_variant(self.move.after, fam)} {us(self.after_us)}"
                 f"{' SLOWED' if self.slowed else ''}{note}")
-
-
-def shape_of(move: Move) -> Shape:
-    """The moved call as a shape to time or tune."""
-    b, d, n = move.call
-    return Shape.of(family_from_key(move.family_key), b, d, n, filter(None, move.features.split(",")))
 
 
 def shapes_entry(shape: Shape) -> str:
@@ -74,12 +68,6 @@ def shapes_entry(shape: Shape) -> str:
               f"width: {shape.width}", f"batch: {shape.batch}", f"dim: {shape.dim}", f"seqlen: {shape.seqlen}",
               f"bias: {str(shape.bias).lower()}", f"activation: {shape.activation}", *(f"{f}: true" for f in flags)]
     return "{" + ", ".join(fields) + "}"
-
-
-def _short(variant: str | None, family_key: str) -> str:
-    if variant is None:
-        return "(none)"
-    return variant[len(family_key) + 1:] if variant.startswith(family_key + ".") else variant
 
 
 def merged_snapshot(guard: Path, run_db: Path) -> Rows:
@@ -141,7 +129,7 @@ def check_moves(moves: list[Move], variants: dict[str, Variant | str],
     for m in moves:
         key = (m.arch, m.family_key, m.features, m.call, m.before, m.after)
         if key not in known:
-            ev = evaluator_for(shape_of(m))
+            ev = evaluator_for(m.shape)
             try:
                 before, before_err = time_at(ev, variants[m.before]) if m.before else (None, None)
                 after, after_err = time_at(ev, variants[m.after])

@@ -35,6 +35,12 @@ class Move:
     before: str | None          # the variant served before (None: no winner of the family)
     after: str
 
+    @property
+    def shape(self) -> Shape:
+        """The moved call as a shape to time or tune."""
+        b, d, n = self.call
+        return Shape.of(family_from_key(self.family_key), b, d, n, [f for f in self.features.split(",") if f])
+
 
 def snapshot(db: TuningDB) -> Rows:
     """The forward and backward winners rows of each (arch, family) of the DB."""
@@ -85,12 +91,14 @@ def describe(moves: list[Move], examples: int = 3) -> list[str]:
              f"that served them: time them before shipping (benchmarks/bench_moves.py --before <a copy of the DB "
              f"from before> --after <this DB>)"]
     for (arch, fkey, feats), ms in groups.items():
-        shown = "; ".join(f"{m.call} {_short(m.before, fkey)} -> {_short(m.after, fkey)}" for m in ms[:examples])
+        shown = "; ".join(f"{m.call} {short_variant(m.before, fkey)} -> {short_variant(m.after, fkey)}"
+                          for m in ms[:examples])
         lines.append(f"  {arch} {fkey} ({feats or 'no features'}): {len(ms)}, e.g. {shown}")
     return lines
 
 
-def _short(variant_key: str | None, family_key: str) -> str:
+def short_variant(variant_key: str | None, family_key: str) -> str:
+    """A variant key without its family's prefix (None: no winner served it)."""
     if variant_key is None:
         return "the catalog's default"
     return variant_key[len(family_key) + 1:] if variant_key.startswith(family_key + ".") else variant_key
