@@ -13,6 +13,8 @@ calls are listed as not timed.
 
     python benchmarks/bench_moves.py --before OLD.db [--after NEW.db] [--max-calls 40] [--out m.json]
     python benchmarks/bench_moves.py --before OLD.db [--after NEW.db] --list        # no GPU
+    python benchmarks/bench_moves.py --before OLD.db --shapes-out slowed.yaml      # then tune them:
+    cc1d-tune --shapes slowed.yaml --db new.db --start-from NEW.db OLD.db --guard NEW.db
 
 --after defaults to the shipped DB of the GPU's arch (tuning_db/<arch>.db of this checkout;
 with --list, tuning_db/sm_90.db).
@@ -40,11 +42,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-calls", type=int, default=40,
                     help="time at most this many calls, the rest listed as not timed (default 40)")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here (after every call)")
+    ap.add_argument("--shapes-out", type=Path, default=None,
+                    help="write the calls slowed after (more than 3 %%, or failing where they ran) as a "
+                         "shapes file for cc1d-tune; a new file: not written where no call slowed")
     args = ap.parse_args(argv)
     for name in ("before", "after"):
         path = getattr(args, name)
         if path is not None and not path.is_file():
             ap.error(f"--{name}: no such file {str(path)!r}")
+    if args.shapes_out is not None and args.list:
+        ap.error("--shapes-out writes the calls timed slower: not with --list, which times none")
+    if args.shapes_out is not None and (args.shapes_out.exists() or not args.shapes_out.parent.is_dir()):
+        what = "exists" if args.shapes_out.exists() else "is in no folder"
+        ap.error(f"--shapes-out: expected a new file in an existing folder, got {str(args.shapes_out)!r} ({what})")
     if args.max_calls < 1:
         ap.error(f"--max-calls expects a positive integer, got {args.max_calls}")
     if os.environ.get("CC1D_TUNING_DB"):
@@ -212,6 +222,32 @@ def line(row: dict) -> str:
             f"{peer} | {_x(row['after_vs_peer'])} |")
 
 
+def slowed_rows(doc: dict) -> list[dict]:
+    """The timed calls the change slowed: more than 3 % (the guard's SLOWER), or failing
+    after where they ran before."""
+    from cc1d.tuner.guard import SLOWER
+    out = []
+    for r in doc["rows"]:
+        before, after = r.get("before_us"), r.get("after_us")
+        if before is not None and (after is None or after > SLOWER * before):
+            out.append(r)
+    return out
+
+
+def write_shapes(path: Path, doc: dict, rows: list[dict]) -> None:
+    """The rows' calls as a shapes file (tuner/shapes.py), written whole or not at all."""
+    from cc1d.tuner.guard import shapes_entry
+    from cc1d.tuner.moves import Move
+    lines = [f"# calls slowed from {doc['before']} to {doc['after']} on {doc['device']} "
+             "(benchmarks/bench_moves.py)", "shapes:"]
+    for r in rows:
+        m = Move(doc["arch"], r["family"], r["features"], tuple(r["call"]), r["before_variant"], r["after_variant"])
+        lines.append(f"  - {shapes_entry(m.shape)}")
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(path)
+
+
 def print_table(doc: dict) -> None:
     print(f"\n{doc['device']}; copy ceiling {doc['copy_gbps']:.0f} GB/s; causal_conv1d "
           f"{doc['peer_version'] or 'not installed'}; before {doc['before']}, after {doc['after']}")
@@ -220,8 +256,8 @@ def print_table(doc: dict) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for row in sorted(doc["rows"], key=lambda r: r["after_vs_before"] or 0.0):
         print(line(row))
-    slower = [r for r in doc["rows"] if r["after_vs_before"] is not None and r["after_vs_before"] < 0.97]
-    print(f"{len(doc['rows'])} calls timed, {len(slower)} more than 3 % slower after; "
+    slower = slowed_rows(doc)
+    print(f"{len(doc['rows'])} calls timed, {len(slower)} slowed after (more than 3 %, or failing); "
           f"{len(doc['not_timed'])} not timed")
 
 
@@ -234,7 +270,15 @@ def main(argv: list[str] | None = None) -> int:
         # A user's own tuning DB (<cache dir>/tuning.db) would come before both DBs in the
         # dispatcher's chain: an empty cache folder leaves it out (kernels compile afresh).
         os.environ["CC1D_CACHE_DIR"] = cache
-        print_table(measure(args))
+        doc = measure(args)
+        print_table(doc)
+    if args.shapes_out:
+        slowed = slowed_rows(doc)
+        if slowed:
+            write_shapes(args.shapes_out, doc, slowed)
+            print(f"{len(slowed)} slowed calls written to {args.shapes_out}")
+        else:
+            print(f"no call slowed: {args.shapes_out} not written")
     return 0
 
 

@@ -26,7 +26,7 @@ spec = importlib.util.spec_from_file_location("cc1d_bench_moves", SCRIPT)
 moves_script = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(moves_script)
 
-DROPPED = "b1.d2560.l3000.bias.silu"  # a bwd.cf.bf16wbf16.w4 entry that serves its neighbours
+DROPPED = "b2.d4096.l2048.bias.silu"  # a bwd.cf.bf16wbf16.w4 entry (an ANCHORS shape) serving its neighbours
 
 
 def _run(*argv, env=None, cwd=None):
@@ -182,7 +182,43 @@ def test_the_table_puts_the_slowed_calls_first_and_counts_them(capsys):
     assert body[0] == "| bwd.cf.bf16wbf16.w4 | bias,silu | (2, 64, 128) | tA -> tB | 10.0 | 12.0 | 50 % | 0.83x | " \
                       "failed: width 4 refused | - |"
     assert body[1].endswith("| 10.0 | 8.0 | 50 % | 1.25x | 9.0 | 1.12x |")
-    assert out[-1] == "2 calls timed, 1 more than 3 % slower after; 1 not timed"
+    assert out[-1] == "2 calls timed, 1 slowed after (more than 3 %, or failing); 1 not timed"
+
+
+def _timed(call, before, after, family="bwd.cf.bf16wbf16.w4", features="bias,silu"):
+    return dict(family=family, features=features, call=call, before_variant=f"{family}.tA",
+                after_variant=f"{family}.tB", before_us=before, after_us=after)
+
+
+def test_slowed_calls_are_those_beyond_the_guards_tolerance_or_failing_after():
+    rows = [_timed([1, 64, 128], 10.0, 10.2), _timed([2, 64, 128], 10.0, 10.4),
+            _timed([4, 64, 128], 10.0, None), _timed([8, 64, 128], None, 30.0), _timed([16, 64, 128], 10.0, 7.0)]
+    assert [r["call"][0] for r in moves_script.slowed_rows(dict(rows=rows))] == [2, 4]
+
+
+def test_the_slowed_calls_are_written_as_a_shapes_file_to_tune(tmp_path):
+    from cc1d.tuner.shapes import load_shapes
+    rows = [_timed([2, 2560, 3000], 10.0, 12.0), _timed([1, 96, 700], 5.0, None, "fwd.cl.f16wf16.w3", "seqidx")]
+    doc = dict(arch="sm_90", device="GPU A", before="a.db", after="b.db", rows=rows)
+    path = tmp_path / "slowed.yaml"
+    moves_script.write_shapes(path, doc, rows)
+    shapes = load_shapes(path)
+    assert [(s.family().key(), s.batch, s.dim, s.seqlen) for s in shapes] == \
+        [("bwd.cf.bf16wbf16.w4", 2, 2560, 3000), ("fwd.cl.f16wf16.w3", 1, 96, 700)]
+    assert (shapes[0].bias, shapes[0].activation, shapes[1].seq_idx, shapes[1].bias) == (True, "silu", True, False)
+    assert [p.name for p in tmp_path.iterdir()] == ["slowed.yaml"]  # no part file left
+
+
+def test_shapes_out_must_be_a_new_file(tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text("shapes: []\n")
+    res = _run("--before", str(SHIPPED), "--shapes-out", str(old))
+    assert res.returncode == 2 and "--shapes-out: expected a new file in an existing folder" in res.stderr
+    assert "(exists)" in res.stderr and old.read_text() == "shapes: []\n"
+    res = _run("--before", str(SHIPPED), "--shapes-out", str(tmp_path / "no" / "s.yaml"))
+    assert res.returncode == 2 and "(is in no folder)" in res.stderr
+    res = _run("--before", str(SHIPPED), "--shapes-out", str(tmp_path / "s.yaml"), "--list")
+    assert res.returncode == 2 and "--shapes-out writes the calls timed slower: not with --list" in res.stderr
 
 
 @pytest.mark.parametrize("family, features", [

@@ -428,3 +428,15 @@ def test_db_rerender_compares_the_fixed_kernel_an_update_winner_was_timed_with(n
     code, out, _ = run(["db", "rerender", "--db", path], capsys)
     assert code == 1 and "0 winners re-rendered" in out and "1 left" in out, out
     assert f"LEFT sm_90 {v.family.key()} b5.d1000.l1.bias.silu ({v.key()}): its kernel (fixed build) changed" in out
+
+
+def test_a_closed_output_pipe_is_one_line_not_a_traceback(tmp_path):
+    """`cc1d-tune db show ... | head -1`: the reader leaves before the listing ends."""
+    from pathlib import Path
+    db = Path(__file__).resolve().parent.parent / "tuning_db" / "sm_90.db"
+    p = subprocess.Popen([sys.executable, "-P", "-m", "cc1d.tuner", "db", "show", "--db", str(db)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    p.stdout.close()  # before the child writes a line
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 1
+    assert "Traceback" not in err and "output closed before the end" in err, err

@@ -182,3 +182,81 @@ def test_guard_options_are_checked(tmp_path, capsys, extra, message):
         {"GUARD": guard, "NONE": tmp_path / "none.db"}.get(a, a) for a in extra]
     code, _, err = run(argv, capsys, probe=lambda: H100)
     assert code == 2 and message in err, err
+
+
+class _Clock:
+    """cli's clock for --deadline-s: each evaluator made (one per shape tuned or call timed)
+    takes `step` seconds."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 0.0, step
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def _clocked_gpu(monkeypatch, step, slow_seqlen=2048):
+    clock = _Clock(step)
+    monkeypatch.setattr(cli, "time", clock)
+    made = _fake_gpu(monkeypatch, slow_seqlen)
+    inner = evaluate.GpuEvaluator
+
+    def gpu_evaluator(rt, shape, arch):
+        clock.now += clock.step
+        return inner(rt, shape, arch)
+    monkeypatch.setattr(evaluate, "GpuEvaluator", gpu_evaluator)
+    return made
+
+
+THREE_SHAPES = "".join(f"- {{layout: cf, dtypes: bf16/f32, width: 4, batch: 1, dim: 64, seqlen: {n}}}\n"
+                       for n in (256, 1024, 4096))
+
+
+def test_no_shape_starts_past_the_deadline(tmp_path, capsys, monkeypatch):
+    made = _clocked_gpu(monkeypatch, step=6.0)
+    shapes = tmp_path / "s.yaml"
+    shapes.write_text(THREE_SHAPES)
+    report, run_db = tmp_path / "r.json", tmp_path / "run.db"
+    code, out, _ = run(["--shapes", shapes, "--db", run_db, "--trials", "3", "--deadline-s", "10",
+                        "--report", report], capsys, probe=lambda: H100)
+    assert code == 1  # work was left
+    assert made == ["b1.d64.l256.bias.silu", "b1.d64.l1024.bias.silu"]  # started at 0 s and 6 s
+    assert "stopped by --deadline-s 10: 1 shapes not tuned: fwd.cf.bf16wf32.w4 (1, 64, 4096)" in out
+    with TuningDB(run_db, readonly=True) as db:
+        assert sorted(w["seqlen"] for w in db.winners("sm_90")) == [256, 1024]
+    data = json.loads(report.read_text())
+    assert not data["complete"] and len(data["results"]) == 2 and data["shapes"] == 3
+
+
+def test_a_deadline_that_is_not_reached_changes_nothing(tmp_path, capsys, monkeypatch):
+    _clocked_gpu(monkeypatch, step=1.0)
+    shapes = tmp_path / "s.yaml"
+    shapes.write_text(THREE_SHAPES)
+    code, out, _ = run(["--shapes", shapes, "--db", tmp_path / "run.db", "--trials", "3",
+                        "--deadline-s", "100"], capsys, probe=lambda: H100)
+    assert code == 0 and "--deadline-s" not in out
+
+
+def test_the_guard_stops_timing_and_tuning_at_the_deadline(tmp_path, capsys, monkeypatch):
+    made = _clocked_gpu(monkeypatch, step=5.0)
+    guard = _guard_db(tmp_path / "guard.db")
+    shapes = tmp_path / "s.yaml"
+    shapes.write_text("- {layout: cf, dtypes: bf16/f32, width: 4, batch: 1, dim: 64, seqlen: 1024}\n")
+    run_db = tmp_path / "run.db"
+    code, out, _ = run(["--shapes", shapes, "--db", run_db, "--trials", "3", "--guard", guard,
+                        "--deadline-s", "12"], capsys, probe=lambda: H100)
+    assert code == 1
+    assert len(made) == 3  # the shape (at 0 s), then two calls timed (5 s, 10 s); none at 15 s
+    assert "not timed (past --deadline-s):" in out
+    with TuningDB(run_db, readonly=True) as db:
+        assert [w["seqlen"] for w in db.winners("sm_90")] == [1024]  # no slowed call tuned past it
+    tail = out.splitlines()[-1]
+    assert tail.startswith("stopped by --deadline-s 12: ") and "moved calls not timed by the guard" in tail
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan"])
+def test_a_deadline_must_be_positive(tmp_path, capsys, value):
+    shapes = tmp_path / "s.yaml"
+    shapes.write_text(THREE_SHAPES)
+    code, _, err = run(["--shapes", shapes, "--arch", "sm_90", "--deadline-s", value], capsys, probe=lambda: H100)
+    assert code == 2 and "--deadline-s: expected a positive number of seconds, got" in err, err

@@ -10,6 +10,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -77,6 +78,10 @@ def tune_parser() -> argparse.ArgumentParser:
                    help="with --guard: check again after tuning slowed calls, at most N rounds (default 2)")
     p.add_argument("--guard-max-calls", type=int, default=64, metavar="N",
                    help="with --guard: time at most N moved calls a round, the rest listed (default 64)")
+    p.add_argument("--deadline-s", type=float, default=None, metavar="S",
+                   help="start no shape and no guard check after S seconds of the run (the shape being "
+                        "tuned then runs on, up to its --budget-s); what was left is listed and the exit "
+                        "status is 1. To fit a time limit T: S = T - budget - a margin")
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a --workers child
     p.add_argument("-v", "--verbose", action="store_true")
@@ -286,6 +291,7 @@ def check_guard_options(args: argparse.Namespace) -> None:
 
 
 def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], DeviceInfo | None]) -> int:
+    deadline = Deadline(args.deadline_s)  # setting up (the copy measurement, say) counts too
     shapes = _shapes(args)
     device = probe()
     arch = resolve_arch(args.arch, device, args.compile_only)
@@ -327,7 +333,11 @@ def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], Devi
                                          compile_fn=lambda v, options: compile_variant(rt, v, arch, options))
             return GpuEvaluator(rt, shape, arch)
 
-        def run_shape(shape: Shape, more_starts: Sequence[TuningDB] = ()) -> None:
+        def run_shape(shape: Shape, more_starts: Sequence[TuningDB] = ()) -> bool:
+            """Tune one shape, unless past --deadline-s (then False, the shape listed as left)."""
+            if deadline.passed():
+                deadline.left.append(shape)
+                return False
             tbar = tqdm(total=cfg.trials, desc="trials", unit="trial", leave=False, disable=None)
 
             def on_trial(o: Any) -> None:
@@ -348,22 +358,50 @@ def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], Devi
                 # After every shape: a run that is stopped keeps the report of what it finished.
                 write_report(args.report, results, arch=arch, environment=env, db=str(db_path),
                              shapes=len(shapes), complete=len(results) == len(shapes))
+            return True
 
         bar = tqdm(shapes, desc="shapes", unit="shape", disable=None)
         for shape in bar:
             bar.set_postfix_str(shape.describe())
             run_shape(shape)
         if args.guard and not args.worker:
-            guard_rounds(args, arch, db_path, shapes, new_evaluator, run_shape)
+            guard_rounds(args, arch, db_path, shapes, new_evaluator, run_shape, deadline)
     if args.worker:
         return 0
     print(table(results))
     print(f"copy ceiling: {copy_bw / 1e9:.0f} GB/s on {env.get('device', arch)}; DB: {db_path}")
-    return 0 if all(r.winner for r in results) else 1
+    stopped = deadline.summary()
+    if stopped:
+        print(f"stopped by --deadline-s {args.deadline_s:g}: {stopped}")
+    return 0 if all(r.winner for r in results) and not stopped else 1
+
+
+class Deadline:
+    """--deadline-s: no shape nor guard check starts after `seconds` from the run's start;
+    what it stopped is collected: the shapes in `left`, the guard's moved calls in `untimed`."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.at = None if seconds is None else time.monotonic() + seconds
+        self.left: list[Shape] = []
+        self.untimed: list[Any] = []
+
+    def summary(self) -> str | None:
+        """What the deadline stopped, or None where it stopped nothing."""
+        parts = []
+        if self.left:
+            parts.append(f"{len(self.left)} shapes not tuned: " + ", ".join(
+                f"{s.family().key()} ({s.batch}, {s.dim}, {s.seqlen})" for s in self.left))
+        if self.untimed:
+            parts.append(f"{len(self.untimed)} moved calls not timed by the guard")
+        return "; ".join(parts) or None
+
+    def passed(self) -> bool:
+        return self.at is not None and time.monotonic() >= self.at
 
 
 def guard_rounds(args: argparse.Namespace, arch: str, db_path: Path, shapes: list[Shape],
-                 new_evaluator: Callable[[Shape], Any], run_shape: Callable[..., None]) -> list[Shape]:
+                 new_evaluator: Callable[[Shape], Any], run_shape: Callable[..., bool],
+                 deadline: Deadline) -> list[Shape]:
     """--guard: the calls the run's winners would take over in the guard DB, timed under the
     variant it serves them now and the new one; those slowed are tuned (run_shape), then
     the check repeats for the new winners. The shapes it tunes are appended to `shapes` (the
@@ -386,24 +424,33 @@ def guard_rounds(args: argparse.Namespace, arch: str, db_path: Path, shapes: lis
             tqdm.write(f"  {c.describe()}")
 
         try:
-            checks = check_moves(checked, variants, new_evaluator, known, on_check)
+            checks = check_moves(checked, variants, new_evaluator, known, on_check, stop=deadline.passed)
         finally:
             bar.close()
+        cut = len(checks) < len(checked)
+        if cut:
+            late = checked[len(checks):]
+            deadline.untimed.extend(late)
+            print(f"  not timed (past --deadline-s): {len(late)} calls, "
+                  + ", ".join(f"{m.family_key} {m.call}" for m in late[:10]) + (", ..." if len(late) > 10 else ""))
         if unchecked:
             shown = ", ".join(f"{m.family_key} {m.call}" for m in unchecked[:10])
             print(f"  not timed (past --guard-max-calls {args.guard_max_calls}): {len(unchecked)} calls, "
                   f"{shown}{', ...' if len(unchecked) > 10 else ''}")
         slowed = [c.shape for c in checks if c.slowed]
         if not slowed:
-            print(f"guard round {rnd}: no call slowed by more than 3 %")
+            print(f"guard round {rnd}: no call {'timed ' if cut else ''}slowed by more than 3 %")
             break
         print(f"guard round {rnd}: tuning {len(slowed)} slowed calls as shapes of their own: "
               + ", ".join(f"({s.batch}, {s.dim}, {s.seqlen})" for s in slowed))
         shapes.extend(slowed)
-        added.extend(slowed)
         with TuningDB(Path(args.guard), readonly=True) as guard_db:  # its served winner is tried first
             for shape in tqdm(slowed, desc="guard shapes", unit="shape", disable=None):
-                run_shape(shape, (guard_db,))
+                if run_shape(shape, (guard_db,)):
+                    added.append(shape)
+        if deadline.passed():
+            print(f"guard round {rnd}: stopped by --deadline-s; its tuned calls' own moves are not checked")
+            break
     else:
         print(f"guard: stopped after {args.guard_rounds} rounds; the last round's new winners are not checked")
     if added:
@@ -561,6 +608,8 @@ def main(argv: Sequence[str] | None = None, *,
         for path in args.start_from:
             if not Path(path).is_file():
                 raise UsageError(f"--start-from: expected tuning DB files, got {path!r} (no such file)")
+        if args.deadline_s is not None and not args.deadline_s > 0:
+            raise UsageError(f"--deadline-s: expected a positive number of seconds, got {args.deadline_s}")
         check_guard_options(args)
         return tune(args, argv, probe)
     except (UsageError, ShapesError, DBError, ValueError) as exc:
@@ -573,6 +622,11 @@ def main(argv: Sequence[str] | None = None, *,
         print("cc1d-tune: interrupted; what was measured is in the DB (continue with --resume)",
               file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `cc1d-tune db merge ... | head`: the reader left; the DB is written
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        print("cc1d-tune: output closed before the end (a pipe's reader left); what was stored in "
+              "the DB stays", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -121,14 +121,18 @@ def time_at(evaluator: Evaluator, variant: Variant | str) -> tuple[Timing | None
 
 def check_moves(moves: list[Move], variants: dict[str, Variant | str],
                 evaluator_for: Callable[[Shape], Evaluator], known: dict[tuple, Check],
-                on_check: Callable[[Check], None] = lambda c: None) -> list[Check]:
+                on_check: Callable[[Check], None] = lambda c: None,
+                stop: Callable[[], bool] = lambda: False) -> list[Check]:
     """Each move timed under its old and new variant on the shape's own evaluator; `known`
     keeps the checks of earlier rounds (a call whose two variants did not change is not
-    timed again)."""
+    timed again). Once `stop()` is true no further move is timed: the checks of the moves
+    before it are returned."""
     out = []
     for m in moves:
         key = (m.arch, m.family_key, m.features, m.call, m.before, m.after)
         if key not in known:
+            if stop():
+                break
             ev = evaluator_for(m.shape)
             try:
                 before, before_err = time_at(ev, variants[m.before]) if m.before else (None, None)
