@@ -13,6 +13,7 @@ calls are listed as not timed.
 
     python benchmarks/bench_moves.py --before OLD.db [--after NEW.db] [--max-calls 40] [--out m.json]
     python benchmarks/bench_moves.py --before OLD.db [--after NEW.db] --list        # no GPU
+    python benchmarks/bench_moves.py --before OLD.db --entries     # the new entries' own calls too
     python benchmarks/bench_moves.py --before OLD.db --shapes-out slowed.yaml      # then tune them:
     cc1d-tune --shapes slowed.yaml --db new.db --start-from NEW.db OLD.db --guard NEW.db
 
@@ -39,6 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--after", type=Path, default=None,
                     help="the tuning DB after it (default: this checkout's tuning_db/<arch>.db)")
     ap.add_argument("--list", action="store_true", help="print the moved calls and stop (no GPU)")
+    ap.add_argument("--entries", action="store_true",
+                    help="also the tuned shapes of --after that --before served another variant (new or "
+                         "re-tuned entries), marked 'entry', after the untuned calls")
     ap.add_argument("--max-calls", type=int, default=40,
                     help="time at most this many calls, the rest listed as not timed (default 40)")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here (after every call)")
@@ -62,12 +66,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def moves_between(before: Path, after: Path, arch: str | None = None) -> list:
-    """tuner/moves.py's moved calls from one DB to the other (one arch's, or every arch's)."""
+def moves_between(before: Path, after: Path, arch: str | None = None, entries: bool = False) -> list:
+    """tuner/moves.py's moved calls from one DB to the other (one arch's, or every arch's);
+    with `entries`, then the changed entries' own calls (moves.changed_entries)."""
     from cc1d.tuner.db import TuningDB
-    from cc1d.tuner.moves import moved_calls, snapshot
+    from cc1d.tuner.moves import changed_entries, moved_calls, snapshot
     with TuningDB(before, readonly=True) as a, TuningDB(after, readonly=True) as b:
-        moves = moved_calls(snapshot(a), snapshot(b))
+        old, new = snapshot(a), snapshot(b)
+    moves = moved_calls(old, new) + (changed_entries(old, new) if entries else [])
     return [m for m in moves if arch in (None, m.arch)]
 
 
@@ -89,11 +95,12 @@ def plan(moves: list, max_calls: int) -> tuple[list, list[dict]]:
 
 def print_list(moves: list) -> None:
     from cc1d.tuner.moves import short_variant
-    print(f"{len(moves)} moved calls")
+    n = sum(m.entry for m in moves)
+    print(f"{len(moves)} moved calls" + (f", {n} of them entries" if n else ""))
     for m in moves:
         untimed = why_untimed(m)
         note = f"  (not timed: {untimed})" if untimed else ""
-        print(f"{m.arch} {m.family_key} ({m.features or 'no features'}) {m.call}: "
+        print(f"{m.arch} {m.family_key} ({m.features or 'no features'}) {m.call}{' entry' if m.entry else ''}: "
               f"{short_variant(m.before, m.family_key)} -> {short_variant(m.after, m.family_key)}{note}")
 
 
@@ -129,7 +136,7 @@ def measure(args: argparse.Namespace) -> dict:
     after = args.after or REPO / "tuning_db" / f"{arch}.db"
     if not after.is_file():
         raise SystemExit(f"bench_moves.py: no --after given and no {after} for this GPU's arch")
-    moves = moves_between(args.before, after, arch)
+    moves = moves_between(args.before, after, arch, args.entries)
     timed, not_timed = plan(moves, args.max_calls)
     peers = {"fwd": causal_conv1d("causal_conv1d_fn"), "bwd": causal_conv1d_bwd()}
     copy_gbps = copy_ceiling_gbps()
@@ -154,7 +161,7 @@ def measure(args: argparse.Namespace) -> dict:
                     cands["peer"] = theirs
                 times = graph_times_us(cands, setup=setup)
                 row = dict(family=m.family_key, features=m.features, call=[b, d, n], copy_frac_after=None,
-                           before_variant=m.before, after_variant=m.after)
+                           before_variant=m.before, after_variant=m.after, entry=m.entry)
                 for name, t in times.items():
                     row[f"{name}_us" if isinstance(t, float) else f"{name}_error"] = t
                 if row.get("after_us"):
@@ -215,7 +222,8 @@ def line(row: dict) -> str:
     fam = row["family"]
     peer = _us(row, "peer") if "peer_us" in row or "peer_error" in row else "-"
     frac = row.get("copy_frac_after")
-    return (f"| {fam} | {row['features'] or '-'} | {tuple(row['call'])} | "
+    entry = " entry" if row.get("entry") else ""
+    return (f"| {fam} | {row['features'] or '-'} | {tuple(row['call'])}{entry} | "
             f"{short_variant(row['before_variant'], fam)} -> {short_variant(row['after_variant'], fam)} | "
             f"{_us(row, 'before')} | "
             f"{_us(row, 'after')} | {f'{100 * frac:.0f} %' if frac else '-'} | {_x(row['after_vs_before'])} | "
@@ -264,7 +272,7 @@ def print_table(doc: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)  # before torch touches a GPU: a bad option costs nothing
     if args.list:
-        print_list(moves_between(args.before, args.after or REPO / "tuning_db" / "sm_90.db"))
+        print_list(moves_between(args.before, args.after or REPO / "tuning_db" / "sm_90.db", entries=args.entries))
         return 0
     with tempfile.TemporaryDirectory(prefix="cc1d-moves-cache-") as cache:
         # A user's own tuning DB (<cache dir>/tuning.db) would come before both DBs in the

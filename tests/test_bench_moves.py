@@ -78,6 +78,18 @@ def test_list_names_every_moved_call(tmp_path):
         assert ln.endswith(m.after[len(m.family_key) + 1:])  # all timed: bwd with bias and SiLU
 
 
+def test_entries_adds_the_dropped_entrys_own_call_last(tmp_path):
+    before = _without(tmp_path)
+    plain = _run("--before", str(before), "--after", str(SHIPPED), "--list", cwd=tmp_path)
+    res = _run("--before", str(before), "--after", str(SHIPPED), "--list", "--entries", cwd=tmp_path)
+    assert plain.returncode == res.returncode == 0, plain.stderr + res.stderr
+    lines, plain_lines = res.stdout.splitlines(), plain.stdout.splitlines()
+    n = len(plain_lines) - 1
+    assert lines[0] == f"{n + 1} moved calls, 1 of them entries"
+    assert lines[1:-1] == plain_lines[1:]
+    assert lines[-1].startswith("sm_90 bwd.cf.bf16wbf16.w4 (bias,silu) (2, 4096, 2048) entry: ")
+
+
 def test_an_unchanged_db_moves_nothing(tmp_path):
     res = _run("--before", str(SHIPPED), "--after", str(SHIPPED), "--list", cwd=tmp_path)
     assert res.returncode == 0 and res.stdout.splitlines() == ["0 moved calls"]
@@ -174,7 +186,7 @@ def test_the_table_puts_the_slowed_calls_first_and_counts_them(capsys):
         r["after_vs_peer"] = moves_script.ratio(peer, after)
         return r
     doc = dict(device="GPU A", copy_gbps=4000.0, peer_version="1.7.0", before="a.db", after="b.db",
-               rows=[row([1, 64, 128], 10.0, 8.0, 9.0), row([2, 64, 128], 10.0, 12.0)],
+               rows=[dict(row([1, 64, 128], 10.0, 8.0, 9.0), entry=True), row([2, 64, 128], 10.0, 12.0)],
                not_timed=[dict(family="upd.cl.bf16wbf16.w4", features="bias,silu", call=[1, 64, 1], reason="op upd")])
     moves_script.print_table(doc)
     out = capsys.readouterr().out.splitlines()
@@ -182,6 +194,7 @@ def test_the_table_puts_the_slowed_calls_first_and_counts_them(capsys):
     assert body[0] == "| bwd.cf.bf16wbf16.w4 | bias,silu | (2, 64, 128) | tA -> tB | 10.0 | 12.0 | 50 % | 0.83x | " \
                       "failed: width 4 refused | - |"
     assert body[1].endswith("| 10.0 | 8.0 | 50 % | 1.25x | 9.0 | 1.12x |")
+    assert "(2, 64, 128) |" in body[0] and "(1, 64, 128) entry |" in body[1]
     assert out[-1] == "2 calls timed, 1 slowed after (more than 3 %, or failing); 1 not timed"
 
 

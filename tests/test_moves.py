@@ -10,7 +10,7 @@ import pytest
 
 from cc1d.tuner.cli import main
 from cc1d.tuner.db import TuningDB
-from cc1d.tuner.moves import GRID_BATCHES, GRID_LENGTHS, Move, describe, moved_calls, snapshot
+from cc1d.tuner.moves import GRID_BATCHES, GRID_LENGTHS, Move, changed_entries, describe, moved_calls, snapshot
 
 SHIPPED = Path(__file__).resolve().parents[1] / "tuning_db" / "sm_90.db"
 FAMILY = "bwd.cf.bf16wbf16.w4"
@@ -49,6 +49,19 @@ def test_a_new_winner_takes_the_calls_nearest_to_it(tmp_path, shipped_rows):
     assert (1, 4096, 2048) not in calls and (2, 4096, 1000) not in calls  # still nearest to A
     assert all((m.before, m.after) == (va, vb) for m in moves)
     assert moved_calls(after, after) == []  # nothing changed, nothing moved
+
+
+def test_a_new_entry_is_listed_with_what_served_its_call_before(tmp_path, shipped_rows):
+    rows, _ = shipped_rows
+    with TuningDB(_db(tmp_path / "a.db", shipped_rows, [A])) as db:
+        before = snapshot(db)
+    with TuningDB(_db(tmp_path / "ab.db", shipped_rows, [A, B])) as db:
+        after = snapshot(db)
+    va, vb = rows[A]["variant_key"], rows[B]["variant_key"]
+    assert changed_entries(before, after) == [Move("sm_90", FAMILY, "bias,silu", (4, 4096, 8192), va, vb, entry=True)]
+    assert changed_entries(after, after) == []  # the same winners: nothing changed
+    first = changed_entries({}, after)  # a new family: both entries, from the catalog's default
+    assert [(m.call, m.before, m.entry) for m in first] == [((2, 4096, 2048), None, True), ((4, 4096, 8192), None, True)]
 
 
 def test_a_new_family_moves_its_calls_from_the_catalog_default(tmp_path, shipped_rows):

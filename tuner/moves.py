@@ -34,6 +34,7 @@ class Move:
     call: tuple[int, int, int]  # (batch, dim, seqlen)
     before: str | None          # the variant served before (None: no winner of the family)
     after: str
+    entry: bool = False         # the call is a tuned shape after (its own winner serves it)
 
     @property
     def shape(self) -> Shape:
@@ -76,6 +77,22 @@ def moved_calls(before: Rows, after: Rows) -> list[Move]:
             was = serve_from(old, arch, shape)["variant_key"] if old else None
             if was != new:
                 moves.append(Move(arch, fkey, feats, (b, d, n), was, new))
+    return moves
+
+
+def changed_entries(before: Rows, after: Rows) -> list[Move]:
+    """The tuned shapes of `after` whose call was served another variant in `before` (a new
+    entry, or a re-tuned one whose winner changed), as moves with entry=True."""
+    moves = []
+    for (arch, fkey), rows in sorted(after.items()):
+        old = before.get((arch, fkey), [])
+        family = family_from_key(fkey)
+        for r in sorted(rows, key=lambda r: (r["features"], r["batch"], r["dim"], r["seqlen"])):
+            shape = Shape.of(family, r["batch"], r["dim"], r["seqlen"], [f for f in r["features"].split(",") if f])
+            was = serve_from(old, arch, shape)["variant_key"] if old else None
+            if was != r["variant_key"]:
+                moves.append(Move(arch, fkey, r["features"], (r["batch"], r["dim"], r["seqlen"]), was,
+                                  r["variant_key"], entry=True))
     return moves
 
 
