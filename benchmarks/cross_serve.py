@@ -14,9 +14,18 @@ fastest's, less one).
 rows again under each rule of RULES (no GPU) and prints every rule's regret, so that a
 change of the rule can be judged on measured times before it is made.
 
+--loo DB... (no GPU) scores the rules on times tuning runs already measured: each entry of
+--db's family whose shape the DBs hold trials of is left out in turn, each rule picks the
+entry that would serve its shape from the others, and that entry's variant is looked up
+among the shape's trials (regret: its time over the fastest trial's, less one; a pick never
+timed there is counted apart). The entries were tuned where the dispatcher served them
+badly (session 67's guard shapes), so the current rule is scored where it failed: a lead
+for a --score run on a fresh grid, not a verdict.
+
     python benchmarks/cross_serve.py --family bwd.cf.bf16wbf16.w4 --batches 1,4,16 \\
         --dims 2048,5120 --lengths 700,1500,3000,6000 [--db tuning_db/sm_90.db] --out m.json
     python benchmarks/cross_serve.py --score m.json
+    python benchmarks/cross_serve.py --loo run1.db run2.db [--db tuning_db/sm_90.db] [--family ...]
 """
 from __future__ import annotations
 
@@ -24,6 +33,7 @@ import argparse
 import json
 import math
 import sys
+from collections import defaultdict
 from pathlib import Path
 from typing import Callable
 
@@ -47,16 +57,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=None, help="write the matrix as JSON here")
     ap.add_argument("--score", type=Path, default=None, metavar="FILE",
                     help="rank a saved matrix's rows under every rule and print their regret (no GPU)")
+    ap.add_argument("--loo", type=Path, nargs="+", default=None, metavar="DB",
+                    help="score every rule leaving out each entry of --db's family whose shape these "
+                         "tuning DBs hold trials of (no GPU)")
     args = ap.parse_args(argv)
+    if args.score is not None and args.loo is not None:
+        ap.error("--score and --loo: one at a time")
     if args.score is not None:
         if not args.score.is_file():
             ap.error(f"--score: no such file {str(args.score)!r}")
         return args
+    if args.loo is not None:
+        for path in [*args.loo, *([args.db] if args.db else [])]:
+            if not path.is_file():
+                ap.error(f"--{'loo' if path in args.loo else 'db'}: no such file {str(path)!r}")
     from cc1d.tuner.db import family_from_key
     try:
         args.family = family_from_key(args.family)
     except (KeyError, ValueError) as exc:
         ap.error(f"--family: not a family key ({exc}), got {args.family!r}")
+    if args.loo is not None:
+        return args
     if args.family.op not in ("fwd", "bwd"):
         ap.error(f"--family: forward and backward families are timed, got op {args.family.op!r}")
     args.features = sorted(f for f in args.features.split(",") if f)
@@ -91,7 +112,17 @@ def seqlen_apart_rank(shape, row: dict, arch: str) -> tuple:
         _log_apart(shape.batch, row["batch"]) + _log_apart(shape.dim, row["dim"])
 
 
-RULES: dict[str, Callable] = {"current": current_rank, "seqlen-apart": seqlen_apart_rank}
+def weighted_rank(shape, row: dict, arch: str) -> tuple:
+    """Batch, length and dim apart, weighted 1 / 2 / 0.5: the best of 27 weight sets on
+    session 66's matrix (7.1 % against the current rule's 8.6 %), and on session 67's
+    leave-one-out trials (7.0 % against 19.8 %). Not the dispatcher's rule: a candidate."""
+    features, misfit, _ = current_rank(shape, row, arch)
+    return features, misfit, _log_apart(shape.batch, row["batch"]) + 2 * _log_apart(shape.seqlen, row["seqlen"]) + \
+        0.5 * _log_apart(shape.dim, row["dim"])
+
+
+RULES: dict[str, Callable] = {"current": current_rank, "seqlen-apart": seqlen_apart_rank,
+                              "weighted-1/2/0.5": weighted_rank}
 
 
 def pick(rows: list[dict], shape, rank: Callable, arch: str) -> dict:
@@ -130,6 +161,80 @@ def score(matrix: dict, rules: dict[str, Callable] = RULES) -> list[dict]:
                         worst=worst[0] if worst else math.nan, worst_call=worst[1] if worst else None,
                         within_5pct=sum(r <= 0.05 for r in regrets)))
     return out
+
+
+def trial_times(paths: list[Path], family_key: str, epochs: dict[str, int]) -> dict[str, dict[str, float]]:
+    """Shape key -> variant key -> its fastest trial of the family in the DBs (timed in full,
+    or stopped early as slower: both are measured medians), among the shapes of `epochs`
+    (shape key -> the entry's epoch) and the trials of that epoch only: an older template's
+    kernel is another kernel."""
+    from cc1d.tuner.db import TuningDB
+    out: dict[str, dict[str, float]] = defaultdict(dict)
+    for path in paths:
+        with TuningDB(path, readonly=True) as db:
+            for row in db.conn.execute("SELECT shape_key, variant_key, status, time_us, epoch FROM trials "
+                                       "WHERE family_key = ? AND status IN ('ok', 'slow')", (family_key,)):
+                key, variant, _, t, epoch = tuple(row)
+                if key in epochs and epoch == epochs[key] and t is not None and t > 0:
+                    if t < out[key].get(variant, math.inf):
+                        out[key][variant] = t
+    return dict(out)
+
+
+def loo_score(rows: list[dict], times: dict[str, dict[str, float]], arch: str,
+              rules: dict[str, Callable] = RULES) -> list[dict]:
+    """Each rule's leave-one-out regret over the entries (rows) with trials: the entry left
+    out, the rule's pick among the others, its variant's trial time over the fastest."""
+    from cc1d.tuner.db import family_from_key
+    from cc1d.tuner.shapes import Shape
+    out = []
+    for name, rank in rules.items():
+        regrets, unknown, worst = [], 0, None
+        for r in rows:
+            if r["shape_key"] not in times:
+                continue
+            shape = Shape.of(family_from_key(r["family_key"]), r["batch"], r["dim"], r["seqlen"],
+                             [f for f in r["features"].split(",") if f])
+            others = [o for o in rows if o["shape_key"] != r["shape_key"]]
+            chosen = pick(others, shape, rank, arch)["variant_key"]
+            seen = times[r["shape_key"]]
+            if chosen not in seen:
+                unknown += 1
+                continue
+            regret = seen[chosen] / min(seen.values()) - 1
+            regrets.append(regret)
+            if worst is None or regret > worst[0]:
+                worst = (regret, shape.key(), chosen)
+        ordered = sorted(regrets)
+        out.append(dict(rule=name, calls=len(regrets), unknown=unknown,
+                        mean=sum(regrets) / len(regrets) if regrets else math.nan,
+                        median=ordered[len(ordered) // 2] if ordered else math.nan,
+                        worst=worst[0] if worst else math.nan, worst_call=worst[1] if worst else None,
+                        within_5pct=sum(x <= 0.05 for x in regrets)))
+    return out
+
+
+def print_loo(args: argparse.Namespace) -> None:
+    from cc1d.tuner.db import TuningDB
+    db_path = args.db or REPO / "tuning_db" / "sm_90.db"
+    fkey = args.family.key()
+    with TuningDB(db_path, readonly=True) as db:
+        rows = [{c: r[c] for c in (*ROW_COLUMNS, "arch", "epoch")} for r in db.winners()
+                if r["family_key"] == fkey]
+    archs = sorted({r["arch"] for r in rows})
+    if len(archs) != 1:
+        raise SystemExit(f"--loo: expected the family {fkey} in one arch of {db_path}, found {archs or 'none'}")
+    times = trial_times(args.loo, fkey, {r["shape_key"]: r["epoch"] for r in rows})
+    print(f"{fkey} in {db_path}: {len(rows)} entries, {len(times)} with trials in {len(args.loo)} DBs "
+          f"({sum(map(len, times.values()))} variants timed)")
+    if not times:
+        return
+    print("| rule | mean regret | median | worst regret | worst call | within 5 % of the fastest | "
+          "pick not among the trials |")
+    print("|---|---|---|---|---|---|---|")
+    for s in loo_score(rows, times, archs[0]):
+        print(f"| {s['rule']} | {100 * s['mean']:.1f} % | {100 * s['median']:.1f} % | {100 * s['worst']:.1f} % | "
+              f"{s['worst_call']} | {s['within_5pct']} / {s['calls']} | {s['unknown']} |")
 
 
 def print_score(matrix: dict) -> None:
@@ -200,6 +305,9 @@ def measure(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)  # before torch touches a GPU: a bad option costs nothing
+    if args.loo is not None:
+        print_loo(args)
+        return 0
     if args.score is not None:
         try:
             matrix = json.loads(args.score.read_text())

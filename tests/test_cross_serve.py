@@ -79,7 +79,7 @@ def _matrix(rows, slow_pick_of: str, fail_first: bool = False) -> dict:
 def test_score_gives_each_rule_its_regret():
     rows = _shipped_rows()
     got = {s["rule"]: s for s in cross.score(_matrix(rows, "current"))}
-    assert set(got) == set(cross.RULES) == {"current", "seqlen-apart"}
+    assert set(got) == set(cross.RULES) == {"current", "seqlen-apart", "weighted-1/2/0.5"}
     cur = got["current"]
     assert (cur["calls"], cur["failed"], cur["within_5pct"]) == (len(CALLS), 0, 0)
     assert cur["mean"] == pytest.approx(0.2) and cur["worst"] == pytest.approx(0.2)
@@ -184,3 +184,80 @@ def test_a_stopped_run_keeps_the_calls_it_finished(tmp_path, monkeypatch):
         cross.main(["--batches", "2", "--dims", "4096", "--lengths", "1000,3000", "--out", str(out)])
     m = json.loads(out.read_text())
     assert [c["seqlen"] for c in m["calls"]] == [1000] and not (tmp_path / "m.json.tmp").exists()
+
+
+# ---- --loo: leave-one-out regret from tuning trials ----------------------------------
+
+def _loo_rows() -> list[dict]:
+    with TuningDB(REPO / "tuning_db" / "sm_90.db", readonly=True) as db:
+        return [{c: r[c] for c in (*cross.ROW_COLUMNS, "arch", "epoch")} for r in db.winners("sm_90")
+                if r["family_key"] == FAMILY]
+
+
+def _loo_pick(rows, entry, rank):
+    family = family_from_key(FAMILY)
+    shape = cross._shape(family, entry["batch"], entry["dim"], entry["seqlen"], entry["features"].split(","))
+    return cross.pick([r for r in rows if r["shape_key"] != entry["shape_key"]], shape, rank, "sm_90")["variant_key"]
+
+
+def _trials_db(path, rows, entries, epoch_of=lambda r: r["epoch"], missing=None):
+    """Trials of each entry's shape: every variant of the family's winners 10 µs, the one the
+    current rule picks with the entry left out 13 µs (or no trial of it, for `missing`)."""
+    with TuningDB(path) as db:
+        for e in entries:
+            slow = _loo_pick(rows, e, cross.current_rank)
+            for v in {r["variant_key"] for r in rows}:
+                if e is missing and v == slow:
+                    continue
+                db.add_trial(run_id="t", arch="sm_90", family_key=FAMILY, shape_key=e["shape_key"], variant_key=v,
+                             config={}, status="ok" if v != slow else "slow", time_us=13.0 if v == slow else 10.0,
+                             epoch=epoch_of(e))
+    return path
+
+
+def test_loo_scores_each_rule_where_the_trials_time_its_pick(tmp_path):
+    rows = _loo_rows()
+    entries = [r for r in rows if r["features"] == "bias,silu"][:6]
+    times = cross.trial_times([_trials_db(tmp_path / "t.db", rows, entries, missing=entries[0])], FAMILY,
+                              {r["shape_key"]: r["epoch"] for r in rows})
+    assert set(times) == {e["shape_key"] for e in entries}
+    got = {s["rule"]: s for s in cross.loo_score(rows, times, "sm_90")}
+    cur = got["current"]
+    assert (cur["calls"], cur["unknown"], cur["within_5pct"]) == (5, 1, 0)  # the first one's pick: no trial
+    assert cur["mean"] == pytest.approx(0.3) and cur["worst"] == pytest.approx(0.3)
+    for name in ("seqlen-apart", "weighted-1/2/0.5"):
+        rank = cross.RULES[name]
+        same = [_loo_pick(rows, e, rank) == _loo_pick(rows, e, cross.current_rank) for e in entries]
+        other = got[name]
+        assert (other["calls"], other["unknown"]) == (6 - same[0], int(same[0]))  # unknown: the same missing pick
+        assert other["mean"] * other["calls"] == pytest.approx(0.3 * sum(same[1:]))
+
+
+def test_loo_leaves_out_trials_of_another_epoch(tmp_path):
+    rows = _loo_rows()
+    entries = [r for r in rows if r["features"] == "bias,silu"][:2]
+    path = _trials_db(tmp_path / "t.db", rows, entries, epoch_of=lambda r: r["epoch"] - 1)
+    assert cross.trial_times([path], FAMILY, {r["shape_key"]: r["epoch"] for r in rows}) == {}
+
+
+def test_loo_option_prints_the_table(tmp_path):
+    rows = _loo_rows()
+    path = _trials_db(tmp_path / "t.db", rows, [r for r in rows if r["features"] == "bias,silu"][:4])
+    res = subprocess.run([sys.executable, str(SCRIPT), "--loo", str(path)], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert f"{FAMILY} in " in res.stdout and "4 with trials in 1 DBs" in res.stdout
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("| current"))
+    assert line.startswith("| current | 30.0 % | 30.0 % | 30.0 % |") and line.endswith("| 0 / 4 | 0 |"), line
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--loo", "/nonexistent/t.db"], "--loo: no such file '/nonexistent/t.db'"),
+    (["--loo", "SHIPPED", "--db", "/nonexistent/x.db"], "--db: no such file '/nonexistent/x.db'"),
+    (["--loo", "SHIPPED", "--score", "SHIPPED"], "--score and --loo: one at a time"),
+])
+def test_loo_options_are_checked(argv, message):
+    shipped = str(REPO / "tuning_db" / "sm_90.db")
+    res = subprocess.run([sys.executable, str(SCRIPT), *[shipped if a == "SHIPPED" else a for a in argv]],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and message in res.stderr, res.stderr
