@@ -151,6 +151,7 @@ def test_guard_tunes_the_calls_the_new_winner_slows(tmp_path, capsys, monkeypatc
     assert sorted((s.batch, s.seqlen) for s in load_shapes(yaml)) == sorted(added)
     data = json.loads(report.read_text())
     assert data["complete"] and data["shapes"] == 1 + len(added) == len(data["results"])
+    assert [r["name"] for r in data["results"]] == [""] + ["guard-round-1"] * len(added)  # the report says why
 
 
 def test_a_harmless_winner_ends_the_guard_in_one_round(tmp_path, capsys, monkeypatch):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -437,7 +438,7 @@ def guard_rounds(args: argparse.Namespace, arch: str, db_path: Path, shapes: lis
             shown = ", ".join(f"{m.family_key} {m.call}" for m in unchecked[:10])
             print(f"  not timed (past --guard-max-calls {args.guard_max_calls}): {len(unchecked)} calls, "
                   f"{shown}{', ...' if len(unchecked) > 10 else ''}")
-        slowed = [c.shape for c in checks if c.slowed]
+        slowed = [dataclasses.replace(c.shape, name=f"guard-round-{rnd}") for c in checks if c.slowed]
         if not slowed:
             print(f"guard round {rnd}: no call {'timed ' if cut else ''}slowed by more than 3 %")
             break
