@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from itertools import product
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from .db import TuningDB, family_from_key
 from .serving import serve_from
@@ -56,27 +56,47 @@ def _signature(rows: list[dict]) -> list[tuple]:
     return sorted(tuple(r[k] for k in _ROW_KEYS) for r in rows)
 
 
+def grid_calls(family_key: str, rows: list[dict]) -> Iterator[tuple[str, tuple[int, int, int], Shape]]:
+    """The untuned calls of a family's grid, as (features, call, shape): batches
+    GRID_BATCHES, the family's tuned dims, GRID_LENGTHS, each feature set the family was
+    tuned with; a tuned shape of `rows` is left out (its own winner serves it)."""
+    family = family_from_key(family_key)
+    tuned = {r["shape_key"] for r in rows}
+    dims = sorted({r["dim"] for r in rows})
+    for feats, b, d, n in product(sorted({r["features"] for r in rows}), GRID_BATCHES, dims, GRID_LENGTHS):
+        shape = Shape.of(family, b, d, n, [f for f in feats.split(",") if f])
+        if shape.key() not in tuned:
+            yield feats, (b, d, n), shape
+
+
 def moved_calls(before: Rows, after: Rows) -> list[Move]:
-    """The calls of a grid whose served variant differs between two snapshots, in each
-    family whose winners changed: batches GRID_BATCHES, the family's tuned dims,
-    GRID_LENGTHS, and each feature set the family was tuned with. A call that is now a
-    tuned shape of its own is left out: serving it its own winner is the point."""
+    """The calls of the grid (grid_calls) whose served variant differs between two
+    snapshots, in each family whose winners changed. A call that is now a tuned shape of
+    its own is left out: serving it its own winner is the point."""
     moves = []
     for (arch, fkey), rows in sorted(after.items()):
         old = before.get((arch, fkey), [])
         if _signature(old) == _signature(rows):
             continue
-        family = family_from_key(fkey)
-        tuned = {r["shape_key"] for r in rows}
-        dims = sorted({r["dim"] for r in rows})
-        for feats, b, d, n in product(sorted({r["features"] for r in rows}), GRID_BATCHES, dims, GRID_LENGTHS):
-            shape = Shape.of(family, b, d, n, [f for f in feats.split(",") if f])
-            if shape.key() in tuned:
-                continue
+        for feats, call, shape in grid_calls(fkey, rows):
             new = serve_from(rows, arch, shape)["variant_key"]
             was = serve_from(old, arch, shape)["variant_key"] if old else None
             if was != new:
-                moves.append(Move(arch, fkey, feats, (b, d, n), was, new))
+                moves.append(Move(arch, fkey, feats, call, was, new))
+    return moves
+
+
+def rule_moves(rows: Rows, rank_before: Callable, rank_after: Callable) -> list[Move]:
+    """The calls of each family's grid (grid_calls) that two ranking rules (serving.py's
+    dispatch_rank and a candidate) serve from winners of different variants: what changing
+    the dispatcher's rule would move, the winners unchanged."""
+    moves = []
+    for (arch, fkey), family_rows in sorted(rows.items()):
+        for feats, call, shape in grid_calls(fkey, family_rows):
+            was = serve_from(family_rows, arch, shape, rank_before)["variant_key"]
+            new = serve_from(family_rows, arch, shape, rank_after)["variant_key"]
+            if was != new:
+                moves.append(Move(arch, fkey, feats, call, was, new))
     return moves
 
 

@@ -1,0 +1,127 @@
+"""benchmarks/bench_rule.py: its options are checked before a GPU is touched; --list names
+the grid calls a candidate serving rule moves (tuner/moves.py rule_moves); the sample takes
+every family in turn; the calls are timed under both rules' winners (the tuner's fake
+evaluator here) and summed up per family."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cc1d.tuner.db import TuningDB
+from cc1d.tuner.moves import Move, rule_moves, snapshot
+from cc1d.tuner.serving import dispatch_rank, serve_from
+from cc1d.tuner.shapes import Shape
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "bench_rule.py"
+SHIPPED = REPO / "tuning_db" / "sm_90.db"
+sys.path.insert(0, str(SCRIPT.parent))  # its siblings cross_serve, bench_near and timing
+spec = importlib.util.spec_from_file_location("cc1d_bench_rule", SCRIPT)
+rule_script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(rule_script)
+RULE = "weighted-1/2/0.5"
+
+
+def _run(*argv):
+    return subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "the following arguments are required: --rule"),
+    (["--rule", "nearest"], "--rule: expected one of seqlen-apart, weighted-1/2/0.5, got 'nearest'"),
+    (["--rule", "current"], "--rule: expected one of seqlen-apart, weighted-1/2/0.5, got 'current'"),
+    (["--rule", RULE, "--db", "/nonexistent/x.db"], "--db: no such file '/nonexistent/x.db'"),
+    (["--rule", RULE, "--max-calls", "0"], "--max-calls expects a positive integer, got 0"),
+])
+def test_bad_options_are_refused_before_the_gpu(argv, message):
+    res = _run(*argv)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert message in res.stderr
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    with TuningDB(SHIPPED, readonly=True) as db:
+        return snapshot(db)
+
+
+def test_rule_moves_are_the_calls_the_two_rules_serve_apart(shipped):
+    assert rule_moves(shipped, dispatch_rank, dispatch_rank) == []  # a rule against itself moves nothing
+    moves = rule_moves(shipped, dispatch_rank, rule_script.RULES[RULE])
+    assert len({m.family_key for m in moves}) > 3
+    for m in moves[::25]:
+        rows = shipped[(m.arch, m.family_key)]
+        shape = m.shape
+        assert shape.key() not in {r["shape_key"] for r in rows}  # tuned shapes serve themselves
+        assert serve_from(rows, m.arch, shape)["variant_key"] == m.before
+        assert serve_from(rows, m.arch, shape, rule_script.RULES[RULE])["variant_key"] == m.after != m.before
+
+
+def test_list_counts_the_moves_per_family(shipped):
+    res = _run("--rule", RULE, "--list")
+    assert res.returncode == 0, res.stderr
+    moves = rule_moves(shipped, dispatch_rank, rule_script.RULES[RULE])
+    families = sorted({m.family_key for m in moves})
+    lines = res.stdout.splitlines()
+    assert lines[0] == f"{len(moves)} grid calls served another winner under {RULE}, in {len(families)} families"
+    assert lines[1:1 + len(families)] == [f"  {f}: {sum(m.family_key == f for m in moves)}" for f in families]
+    assert len(lines) == 1 + len(families) + len(moves)
+
+
+def _m(family, n):
+    return Move("sm_90", family, "bias,silu", (1, 64, n), "a", "b")
+
+
+def test_the_sample_takes_each_family_in_turn():
+    moves = [_m("fwd.cf.x", n) for n in range(5)] + [_m("bwd.cf.y", 9)] + [_m("fwd.cl.z", n) for n in range(3)]
+    got = rule_script.sample(moves, 6)
+    assert [(m.family_key, m.call[2]) for m in got] == [
+        ("bwd.cf.y", 9), ("fwd.cf.x", 0), ("fwd.cl.z", 0), ("fwd.cf.x", 1), ("fwd.cl.z", 1), ("fwd.cf.x", 2)]
+    assert len(rule_script.sample(moves, 100)) == len(moves)
+
+
+def test_the_summary_counts_per_family_and_overall():
+    def row(family, cur, cand):
+        return dict(family=family, current_us=cur, candidate_us=cand)
+    rows = [row("f1", 10.0, 8.0), row("f1", 10.0, 12.5), row("f1", 10.0, 10.1), row("f2", 10.0, None)]
+    got = {s["family"]: s for s in rule_script.summary(rows)}
+    f1 = got["f1"]
+    assert (f1["calls"], f1["faster"], f1["slower"], f1["failed"]) == (3, 1, 1, 0)
+    assert f1["geomean"] == pytest.approx((1.25 * 0.8 * 10 / 10.1) ** (1 / 3))
+    assert (got["f2"]["failed"], math.isnan(got["f2"]["geomean"])) == (1, True)
+    assert got["all"]["calls"] == 4 and got["all"]["geomean"] == pytest.approx(f1["geomean"])
+
+
+def test_the_moved_calls_are_timed_under_both_rules_winners(tmp_path, monkeypatch, capsys, shipped):
+    """The whole GPU path with the tuner's fake evaluator: each variant takes a time of its
+    own, the same at every call, so each row's two times say which variants were timed."""
+    from cc1d import _runtime
+    from cc1d.tuner import device, evaluate
+    from cc1d.tuner.testing import FakeEvaluator
+    keys = sorted({r["variant_key"] for rows in shipped.values() for r in rows})
+    fake_us = {k: 5.0 + i for i, k in enumerate(keys)}
+    made = []
+
+    def gpu_evaluator(rt, shape, arch):
+        made.append(shape.key())
+        return FakeEvaluator(times=lambda v: fake_us[v.key()])
+    monkeypatch.setattr(device, "probe_device", lambda: device.DeviceInfo("sm_90", "NVIDIA H100 80GB HBM3"))
+    monkeypatch.setattr(_runtime, "runtime", lambda: None)
+    monkeypatch.setattr(evaluate, "GpuEvaluator", gpu_evaluator)
+    out = tmp_path / "r.json"
+    assert rule_script.main(["--rule", RULE, "--db", str(SHIPPED), "--max-calls", "7", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert len(doc["rows"]) == len(made) == 7 and doc["moved"] > 7
+    for row in doc["rows"]:
+        assert (row["current_us"], row["candidate_us"]) == pytest.approx(
+            (fake_us[row["current"]], fake_us[row["candidate"]]))
+    assert len({r["family"] for r in doc["rows"]}) == 7  # one call of each of seven families first
+    printed = capsys.readouterr().out
+    assert f"rule {RULE}: {doc['moved']} grid calls move, 7 timed" in printed
+    assert "| all | 7 |" in printed
