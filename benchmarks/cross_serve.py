@@ -164,21 +164,21 @@ def score(matrix: dict, rules: dict[str, Callable] = RULES) -> list[dict]:
     return out
 
 
-def trial_times(paths: list[Path], family_key: str, epochs: dict[str, int]) -> dict[str, dict[str, float]]:
-    """Shape key -> variant key -> its fastest trial of the family in the DBs (timed in full,
-    or stopped early as slower: both are measured medians), among the shapes of `epochs`
-    (shape key -> the entry's epoch) and the trials of that epoch only: an older template's
-    kernel is another kernel."""
+def trial_times(paths: list[Path], arch: str, family_key: str, epochs: dict[str, int]) -> dict[str, dict[str, float]]:
+    """Shape key -> variant key -> its fastest trial on `arch` in the DBs (timed in full, or
+    stopped early as slower: both are measured medians), for the shapes of `epochs` (shape
+    key -> the entry's epoch) and the trials of that epoch only: an older template's kernel
+    is another kernel."""
     from cc1d.tuner.db import TuningDB
     out: dict[str, dict[str, float]] = defaultdict(dict)
     for path in paths:
         with TuningDB(path, readonly=True) as db:
-            for row in db.conn.execute("SELECT shape_key, variant_key, status, time_us, epoch FROM trials "
-                                       "WHERE family_key = ? AND status IN ('ok', 'slow')", (family_key,)):
-                key, variant, _, t, epoch = tuple(row)
-                if key in epochs and epoch == epochs[key] and t is not None and t > 0:
-                    if t < out[key].get(variant, math.inf):
-                        out[key][variant] = t
+            for key, epoch in epochs.items():
+                for t in db.trials(arch, family_key, key):
+                    us = t["time_us"]
+                    if t["status"] in ("ok", "slow") and t["epoch"] == epoch and us is not None and us > 0:
+                        if us < out[key].get(t["variant_key"], math.inf):
+                            out[key][t["variant_key"]] = us
     return dict(out)
 
 
@@ -225,7 +225,7 @@ def print_loo(args: argparse.Namespace) -> None:
     archs = sorted({r["arch"] for r in rows})
     if len(archs) != 1:
         raise SystemExit(f"--loo: expected the family {fkey} in one arch of {db_path}, found {archs or 'none'}")
-    times = trial_times(args.loo, fkey, {r["shape_key"]: r["epoch"] for r in rows})
+    times = trial_times(args.loo, archs[0], fkey, {r["shape_key"]: r["epoch"] for r in rows})
     print(f"{fkey} in {db_path}: {len(rows)} entries, {len(times)} with trials in {len(args.loo)} DBs "
           f"({sum(map(len, times.values()))} variants timed)")
     if not times:

@@ -218,8 +218,9 @@ def _trials_db(path, rows, entries, epoch_of=lambda r: r["epoch"], missing=None)
 def test_loo_scores_each_rule_where_the_trials_time_its_pick(tmp_path):
     rows = _loo_rows()
     entries = [r for r in rows if r["features"] == "bias,silu"][:6]
-    times = cross.trial_times([_trials_db(tmp_path / "t.db", rows, entries, missing=entries[0])], FAMILY,
+    times = cross.trial_times([_trials_db(tmp_path / "t.db", rows, entries, missing=entries[0])], "sm_90", FAMILY,
                               {r["shape_key"]: r["epoch"] for r in rows})
+    assert cross.trial_times([tmp_path / "t.db"], "gfx942", FAMILY, {r["shape_key"]: r["epoch"] for r in rows}) == {}
     assert set(times) == {e["shape_key"] for e in entries}
     got = {s["rule"]: s for s in cross.loo_score(rows, times, "sm_90")}
     cur = got["current"]
@@ -237,7 +238,7 @@ def test_loo_leaves_out_trials_of_another_epoch(tmp_path):
     rows = _loo_rows()
     entries = [r for r in rows if r["features"] == "bias,silu"][:2]
     path = _trials_db(tmp_path / "t.db", rows, entries, epoch_of=lambda r: r["epoch"] - 1)
-    assert cross.trial_times([path], FAMILY, {r["shape_key"]: r["epoch"] for r in rows}) == {}
+    assert cross.trial_times([path], "sm_90", FAMILY, {r["shape_key"]: r["epoch"] for r in rows}) == {}
 
 
 def test_loo_option_prints_the_table(tmp_path):
