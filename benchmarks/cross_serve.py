@@ -138,29 +138,40 @@ def _shape(family, batch: int, dim: int, seqlen: int, features: list[str]):
                  bias="bias" in features, activation="silu" if "silu" in features else "none")
 
 
+def regret_summary(rule: str, picks: list[tuple[dict[str, float], str, str]], missed: str) -> dict:
+    """One rule's regret over its picks, each (the times measured at a call, the call's shape
+    key, the variant the rule chose): mean, median and worst of (chosen / fastest - 1), the
+    calls within 5 % of the fastest, and under `missed` the calls whose choice has no time."""
+    regrets, worst, lost = [], None, 0
+    for times, call, chosen in picks:
+        if chosen not in times:
+            lost += 1
+            continue
+        r = times[chosen] / min(times.values()) - 1
+        regrets.append(r)
+        if worst is None or r > worst[0]:
+            worst = (r, call, chosen)
+    ordered = sorted(regrets)
+    return {"rule": rule, "calls": len(regrets), missed: lost,
+            "mean": sum(regrets) / len(regrets) if regrets else math.nan,
+            "median": ordered[len(ordered) // 2] if ordered else math.nan,
+            "worst": worst[0] if worst else math.nan, "worst_call": worst[1] if worst else None,
+            "within_5pct": sum(r <= 0.05 for r in regrets)}
+
+
 def score(matrix: dict, rules: dict[str, Callable] = RULES) -> list[dict]:
-    """Each rule's regret over the matrix's calls: mean and worst of (picked / fastest - 1),
-    the calls within 5 % of the fastest, and the calls where the pick failed to run."""
+    """Each rule's regret over the matrix's calls (regret_summary; `failed`: the calls where
+    the pick failed to run)."""
     from cc1d.tuner.db import family_from_key
     family = family_from_key(matrix["family"])
     out = []
     for name, rank in rules.items():
-        regrets, failed, worst = [], 0, None
+        picks = []
         for call in matrix["calls"]:
             times = {k: t for k, t in call["times"].items() if t is not None}
             shape = _shape(family, call["batch"], call["dim"], call["seqlen"], matrix["features"])
-            chosen = pick(matrix["rows"], shape, rank, matrix["arch"])["variant_key"]
-            if chosen not in times:
-                failed += 1
-                continue
-            r = times[chosen] / min(times.values()) - 1
-            regrets.append(r)
-            if worst is None or r > worst[0]:
-                worst = (r, shape.key(), chosen)
-        out.append(dict(rule=name, calls=len(regrets), failed=failed,
-                        mean=sum(regrets) / len(regrets) if regrets else math.nan,
-                        worst=worst[0] if worst else math.nan, worst_call=worst[1] if worst else None,
-                        within_5pct=sum(r <= 0.05 for r in regrets)))
+            picks.append((times, shape.key(), pick(matrix["rows"], shape, rank, matrix["arch"])["variant_key"]))
+        out.append(regret_summary(name, picks, "failed"))
     return out
 
 
@@ -185,33 +196,21 @@ def trial_times(paths: list[Path], arch: str, family_key: str, epochs: dict[str,
 def loo_score(rows: list[dict], times: dict[str, dict[str, float]], arch: str,
               rules: dict[str, Callable] = RULES) -> list[dict]:
     """Each rule's leave-one-out regret over the entries (rows) with trials: the entry left
-    out, the rule's pick among the others, its variant's trial time over the fastest."""
+    out, the rule's pick among the others, its variant's trial time over the fastest
+    (regret_summary; `unknown`: the picks never timed at the entry's shape)."""
     from cc1d.tuner.db import family_from_key
     from cc1d.tuner.shapes import Shape
     out = []
     for name, rank in rules.items():
-        regrets, unknown, worst = [], 0, None
+        picks = []
         for r in rows:
             if r["shape_key"] not in times:
                 continue
             shape = Shape.of(family_from_key(r["family_key"]), r["batch"], r["dim"], r["seqlen"],
                              [f for f in r["features"].split(",") if f])
             others = [o for o in rows if o["shape_key"] != r["shape_key"]]
-            chosen = pick(others, shape, rank, arch)["variant_key"]
-            seen = times[r["shape_key"]]
-            if chosen not in seen:
-                unknown += 1
-                continue
-            regret = seen[chosen] / min(seen.values()) - 1
-            regrets.append(regret)
-            if worst is None or regret > worst[0]:
-                worst = (regret, shape.key(), chosen)
-        ordered = sorted(regrets)
-        out.append(dict(rule=name, calls=len(regrets), unknown=unknown,
-                        mean=sum(regrets) / len(regrets) if regrets else math.nan,
-                        median=ordered[len(ordered) // 2] if ordered else math.nan,
-                        worst=worst[0] if worst else math.nan, worst_call=worst[1] if worst else None,
-                        within_5pct=sum(x <= 0.05 for x in regrets)))
+            picks.append((times[r["shape_key"]], shape.key(), pick(others, shape, rank, arch)["variant_key"]))
+        out.append(regret_summary(name, picks, "unknown"))
     return out
 
 
