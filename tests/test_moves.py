@@ -34,12 +34,19 @@ def _db(path, shipped_rows, keys):
     return path
 
 
-def test_a_new_winner_takes_the_calls_nearest_to_it(tmp_path, shipped_rows):
-    rows, _ = shipped_rows
+@pytest.fixture
+def a_then_ab(tmp_path, shipped_rows):
+    """Snapshots of a DB holding the A winner, then A and B."""
     with TuningDB(_db(tmp_path / "a.db", shipped_rows, [A])) as db:
         before = snapshot(db)
     with TuningDB(_db(tmp_path / "ab.db", shipped_rows, [A, B])) as db:
         after = snapshot(db)
+    return before, after
+
+
+def test_a_new_winner_takes_the_calls_nearest_to_it(a_then_ab, shipped_rows):
+    rows, _ = shipped_rows
+    before, after = a_then_ab
     moves = moved_calls(before, after)
     va, vb = rows[A]["variant_key"], rows[B]["variant_key"]
     assert Move("sm_90", FAMILY, "bias,silu", (16, 4096, 2048), va, vb) in moves  # distance 0 to B
@@ -51,12 +58,9 @@ def test_a_new_winner_takes_the_calls_nearest_to_it(tmp_path, shipped_rows):
     assert moved_calls(after, after) == []  # nothing changed, nothing moved
 
 
-def test_a_new_entry_is_listed_with_what_served_its_call_before(tmp_path, shipped_rows):
+def test_a_new_entry_is_listed_with_what_served_its_call_before(a_then_ab, shipped_rows):
     rows, _ = shipped_rows
-    with TuningDB(_db(tmp_path / "a.db", shipped_rows, [A])) as db:
-        before = snapshot(db)
-    with TuningDB(_db(tmp_path / "ab.db", shipped_rows, [A, B])) as db:
-        after = snapshot(db)
+    before, after = a_then_ab
     va, vb = rows[A]["variant_key"], rows[B]["variant_key"]
     assert changed_entries(before, after) == [Move("sm_90", FAMILY, "bias,silu", (4, 4096, 8192), va, vb, entry=True)]
     assert changed_entries(after, after) == []  # the same winners: nothing changed
