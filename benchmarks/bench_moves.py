@@ -94,14 +94,12 @@ def plan(moves: list, max_calls: int) -> tuple[list, list[dict]]:
 
 
 def print_list(moves: list) -> None:
-    from cc1d.tuner.moves import short_variant
     n = sum(m.entry for m in moves)
     print(f"{len(moves)} moved calls" + (f", {n} of them entries" if n else ""))
     for m in moves:
         untimed = why_untimed(m)
         note = f"  (not timed: {untimed})" if untimed else ""
-        print(f"{m.arch} {m.family_key} ({m.features or 'no features'}) {m.call}{' entry' if m.entry else ''}: "
-              f"{short_variant(m.before, m.family_key)} -> {short_variant(m.after, m.family_key)}{note}")
+        print(f"{m.text()}{note}")
 
 
 def package_dir_with(db: Path, arch: str, parent: Path, name: str) -> Path:

@@ -82,7 +82,6 @@ def summary(rows: list[dict]) -> list[dict]:
 
 
 def print_list(moves: list, rule: str) -> None:
-    from cc1d.tuner.moves import short_variant
     counts: dict[str, int] = defaultdict(int)
     for m in moves:
         counts[m.family_key] += 1
@@ -90,8 +89,7 @@ def print_list(moves: list, rule: str) -> None:
     for fkey in sorted(counts):
         print(f"  {fkey}: {counts[fkey]}")
     for m in moves:
-        print(f"{m.arch} {m.family_key} ({m.features or 'no features'}) {m.call}: "
-              f"{short_variant(m.before, m.family_key)} -> {short_variant(m.after, m.family_key)}")
+        print(m.text())
 
 
 def measure(args: argparse.Namespace) -> dict:

@@ -36,6 +36,13 @@ class Move:
     after: str
     entry: bool = False         # the call is a tuned shape after (its own winner serves it)
 
+    def text(self) -> str:
+        """One line naming the call and its two variants (the listings of benchmarks/bench_moves.py
+        and bench_rule.py)."""
+        return (f"{self.arch} {self.family_key} ({self.features or 'no features'}) {self.call}"
+                f"{' entry' if self.entry else ''}: {short_variant(self.before, self.family_key)} -> "
+                f"{short_variant(self.after, self.family_key)}")
+
     @property
     def shape(self) -> Shape:
         """The moved call as a shape to time or tune."""
