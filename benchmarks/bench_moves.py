@@ -244,14 +244,13 @@ def write_shapes(path: Path, doc: dict, rows: list[dict]) -> None:
     """The rows' calls as a shapes file (tuner/shapes.py), written whole or not at all."""
     from cc1d.tuner.guard import shapes_entry
     from cc1d.tuner.moves import Move
+    from timing import write_whole
     lines = [f"# calls slowed from {doc['before']} to {doc['after']} on {doc['device']} "
              "(benchmarks/bench_moves.py)", "shapes:"]
     for r in rows:
         m = Move(doc["arch"], r["family"], r["features"], tuple(r["call"]), r["before_variant"], r["after_variant"])
         lines.append(f"  - {shapes_entry(m.shape)}")
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(path)
+    write_whole(path, "\n".join(lines) + "\n")
 
 
 def print_table(doc: dict) -> None:

@@ -128,13 +128,18 @@ def write_interleaved_run(path: str, rows: list[dict], **fields: object) -> None
         json.dump(dict(fields, timing=INTERLEAVED, rows=rows), fh, indent=1)
 
 
-def write_json(path, doc: dict) -> None:
-    """`doc` as JSON at `path` (a pathlib.Path), written whole or not at all: a run that
-    rewrites its results after every call (cross_serve.py, bench_moves.py) and is stopped
-    keeps the last whole file."""
+def write_whole(path, text: str) -> None:
+    """`text` at `path` (a pathlib.Path), written whole or not at all (a file beside it,
+    then renamed over it)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.write_text(text)
     tmp.replace(path)
+
+
+def write_json(path, doc: dict) -> None:
+    """`doc` as JSON at `path`, written whole or not at all: a run that rewrites its results
+    after every call (cross_serve.py, bench_moves.py) and is stopped keeps the last whole file."""
+    write_whole(path, json.dumps(doc, indent=1))
 
 
 def _eager_time_us(fn: Callable[[], object], reps: int = 20) -> float:

@@ -219,7 +219,7 @@ def test_the_slowed_calls_are_written_as_a_shapes_file_to_tune(tmp_path):
     assert [(s.family().key(), s.batch, s.dim, s.seqlen) for s in shapes] == \
         [("bwd.cf.bf16wbf16.w4", 2, 2560, 3000), ("fwd.cl.f16wf16.w3", 1, 96, 700)]
     assert (shapes[0].bias, shapes[0].activation, shapes[1].seq_idx, shapes[1].bias) == (True, "silu", True, False)
-    assert [p.name for p in tmp_path.iterdir()] == ["slowed.yaml"]  # no part file left
+    assert [p.name for p in tmp_path.iterdir()] == ["slowed.yaml"]  # no temporary file left
 
 
 def test_shapes_out_must_be_a_new_file(tmp_path):
