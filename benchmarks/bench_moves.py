@@ -122,18 +122,12 @@ def measure(args: argparse.Namespace) -> dict:
 
     import cc1d
     from cc1d._runtime import runtime
-    from cc1d.tuner.device import probe_device
     from cc1d.tuner.problems import problem_for
     from peers import causal_conv1d, causal_conv1d_bwd, causal_conv1d_version
-    from timing import copy_ceiling_gbps, graph_times_us, n_buffers, write_json
+    from timing import copy_ceiling_gbps, gpu_and_db, graph_times_us, n_buffers, write_json
 
-    device = probe_device()
-    if device is None:
-        raise SystemExit("bench_moves.py: no GPU is visible (--list needs none)")
+    device, after = gpu_and_db("bench_moves.py", args.after, "--after", "--list")
     arch = device.target
-    after = args.after or REPO / "tuning_db" / f"{arch}.db"
-    if not after.is_file():
-        raise SystemExit(f"bench_moves.py: no --after given and no {after} for this GPU's arch")
     moves = moves_between(args.before, after, arch, args.entries)
     timed, not_timed = plan(moves, args.max_calls)
     peers = {"fwd": causal_conv1d("causal_conv1d_fn"), "bwd": causal_conv1d_bwd()}

@@ -99,18 +99,12 @@ def measure(args: argparse.Namespace) -> dict:
     from cc1d._runtime import runtime
     from cc1d.tuner import evaluate
     from cc1d.tuner.db import TuningDB
-    from cc1d.tuner.device import probe_device
     from cc1d.tuner.guard import check_moves, variants_of
     from cc1d.tuner.moves import snapshot
-    from timing import write_json
+    from timing import gpu_and_db, write_json
 
-    device = probe_device()
-    if device is None:
-        raise SystemExit("bench_rule.py: no GPU is visible (--list needs none)")
+    device, path = gpu_and_db("bench_rule.py", args.db, "--db", "--list")
     rt, arch = runtime(), device.target
-    path = args.db or REPO / "tuning_db" / f"{arch}.db"
-    if not path.is_file():
-        raise SystemExit(f"bench_rule.py: no --db given and no {path} for this GPU's arch")
     moves = moves_of(path, args.rule, arch)
     timed = sample(moves, args.max_calls)
     with TuningDB(path, readonly=True) as db:

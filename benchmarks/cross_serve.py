@@ -255,15 +255,11 @@ def measure(args: argparse.Namespace) -> dict:
 
     from cc1d._runtime import runtime
     from cc1d.tuner.db import TuningDB, winner_variant
-    from cc1d.tuner.device import probe_device
     from cc1d.tuner.evaluate import CandidateError, GpuEvaluator
-    from timing import write_json
+    from timing import gpu_and_db, write_json
 
-    device = probe_device()
-    if device is None:
-        raise SystemExit("cross_serve.py: no GPU is visible (--score FILE needs none)")
+    device, path = gpu_and_db("cross_serve.py", args.db, "--db", "--score FILE")
     rt, arch = runtime(), device.target
-    path = args.db or REPO / "tuning_db" / f"{arch}.db"
     feats = ",".join(args.features)
     with TuningDB(path, readonly=True) as db:
         rows = [{c: r[c] for c in ROW_COLUMNS} for r in db.winners(arch)

@@ -128,6 +128,23 @@ def write_interleaved_run(path: str, rows: list[dict], **fields: object) -> None
         json.dump(dict(fields, timing=INTERLEAVED, rows=rows), fh, indent=1)
 
 
+def gpu_and_db(script: str, given, option: str, gpu_free: str) -> tuple:
+    """The visible GPU (tuner/device.py DeviceInfo) and the tuning DB a script reads: `given`,
+    else this checkout's tuning_db/<arch>.db. SystemExit, naming the script, where no GPU is
+    visible (`gpu_free`: what the script can do without one) or there is no such DB
+    (`option`: the one that names it)."""
+    from pathlib import Path
+
+    from cc1d.tuner.device import probe_device
+    device = probe_device()
+    if device is None:
+        raise SystemExit(f"{script}: no GPU is visible ({gpu_free} needs none)")
+    path = given or Path(__file__).resolve().parents[1] / "tuning_db" / f"{device.target}.db"
+    if not path.is_file():
+        raise SystemExit(f"{script}: no {option} given and no {path} for this GPU's arch")
+    return device, path
+
+
 def write_whole(path, text: str) -> None:
     """`text` at `path` (a pathlib.Path), written whole or not at all (a file beside it,
     then renamed over it)."""
