@@ -69,11 +69,13 @@ def summary(rows: list[dict]) -> list[dict]:
     """Per family, then over all: calls timed, faster / slower by more than 3 % under the
     candidate, failures, and the geometric mean of current / candidate time (above 1: the
     candidate is faster)."""
+    from cc1d.tuner.guard import SLOWER
+
     def one(name: str, rs: list[dict]) -> dict:
         both = [r for r in rs if r["current_us"] and r["candidate_us"]]
         ratios = [r["current_us"] / r["candidate_us"] for r in both]
         return dict(family=name, calls=len(rs), failed=len(rs) - len(both),
-                    faster=sum(x > 1.03 for x in ratios), slower=sum(x < 1 / 1.03 for x in ratios),
+                    faster=sum(x > SLOWER for x in ratios), slower=sum(x < 1 / SLOWER for x in ratios),
                     geomean=math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else math.nan)
     groups: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
