@@ -1,7 +1,8 @@
 """Cross-serve matrix: a family's tuned winners timed at calls that are not their own.
 
 An untuned call runs the winner of the nearest tuned shape (docs/DISPATCH.md: features,
-then tiling misfit, then |log(batch x seqlen)| + |log dim| apart). Whether that rule picks
+then tiling misfit, then the shape distance; backward: |log batch| + 2 |log seqlen| +
+0.5 |log dim| apart, other ops |log(batch x seqlen)| + |log dim|). Whether that rule picks
 well is a question of times no tuning run measures: those of each winner at the other
 calls. This measures them. At every call of a grid it times every distinct variant the
 family's winners name (with their features), through the tuner's own evaluator: each is
@@ -99,14 +100,22 @@ def _log_apart(a: float, b: float) -> float:
 
 
 def current_rank(shape, row: dict, arch: str) -> tuple:
-    """The dispatcher's rule (tuner/serving.py dispatch_rank)."""
+    """The dispatcher's rule (tuner/serving.py dispatch_rank): since session 68 the backward's
+    is weighted-1/2/0.5's, the other ops' is product's."""
     from cc1d.tuner.serving import dispatch_rank
     return dispatch_rank(shape, row, arch)
 
 
+def product_rank(shape, row: dict, arch: str) -> tuple:
+    """The dispatcher's rule for every op until session 68: batch x seqlen as one axis, and dim."""
+    features, misfit, _ = current_rank(shape, row, arch)
+    return features, misfit, _log_apart(shape.batch * shape.seqlen, row["batch"] * row["seqlen"]) + \
+        _log_apart(shape.dim, row["dim"])
+
+
 def seqlen_apart_rank(shape, row: dict, arch: str) -> tuple:
-    """The same, but sequence length and batch apart, the length counted twice: a kernel's
-    fit to its sequence (segments, tiles) does not carry over to a batch of the same size."""
+    """Sequence length and batch apart, the length counted twice: a kernel's fit to its
+    sequence (segments, tiles) does not carry over to a batch of the same size."""
     features, misfit, _ = current_rank(shape, row, arch)
     return features, misfit, 2 * _log_apart(shape.seqlen, row["seqlen"]) + \
         _log_apart(shape.batch, row["batch"]) + _log_apart(shape.dim, row["dim"])
@@ -114,15 +123,15 @@ def seqlen_apart_rank(shape, row: dict, arch: str) -> tuple:
 
 def weighted_rank(shape, row: dict, arch: str) -> tuple:
     """Batch, length and dim apart, weighted 1 / 2 / 0.5: the best of 27 weight sets on
-    session 66's matrix (7.1 % against the current rule's 8.6 %); on session 67's
-    leave-one-out trials it scores 7.0 % against 19.8 %. Not the dispatcher's rule: a
-    candidate."""
+    session 66's matrix (7.1 % against product's 8.6 %); 7.0 % against 19.8 % on session
+    67's leave-one-out trials, 16.6 % against 21.2 % on session 68's fresh grid. The
+    dispatcher's backward rule since session 68 (bench_rule.py: moved forward calls lost)."""
     features, misfit, _ = current_rank(shape, row, arch)
     return features, misfit, _log_apart(shape.batch, row["batch"]) + 2 * _log_apart(shape.seqlen, row["seqlen"]) + \
         0.5 * _log_apart(shape.dim, row["dim"])
 
 
-RULES: dict[str, Callable] = {"current": current_rank, "seqlen-apart": seqlen_apart_rank,
+RULES: dict[str, Callable] = {"current": current_rank, "product": product_rank, "seqlen-apart": seqlen_apart_rank,
                               "weighted-1/2/0.5": weighted_rank}
 
 

@@ -26,7 +26,7 @@ spec = importlib.util.spec_from_file_location("cc1d_bench_moves", SCRIPT)
 moves_script = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(moves_script)
 
-DROPPED = "b2.d4096.l2048.bias.silu"  # a bwd.cf.bf16wbf16.w4 entry (an ANCHORS shape) serving its neighbours
+DROPPED = "b8.d5120.l4096.bias.silu"  # a bwd.cf.bf16wbf16.w4 entry serving many neighbours (13 grid calls)
 
 
 def _run(*argv, env=None, cwd=None):
@@ -87,7 +87,7 @@ def test_entries_adds_the_dropped_entrys_own_call_last(tmp_path):
     n = len(plain_lines) - 1
     assert lines[0] == f"{n + 1} moved calls, 1 of them entries"
     assert lines[1:-1] == plain_lines[1:]
-    assert lines[-1].startswith("sm_90 bwd.cf.bf16wbf16.w4 (bias,silu) (2, 4096, 2048) entry: ")
+    assert lines[-1].startswith("sm_90 bwd.cf.bf16wbf16.w4 (bias,silu) (8, 5120, 4096) entry: ")
 
 
 def test_an_unchanged_db_moves_nothing(tmp_path):

@@ -34,8 +34,8 @@ def _run(*argv):
 
 @pytest.mark.parametrize("argv, message", [
     ([], "the following arguments are required: --rule"),
-    (["--rule", "nearest"], "--rule: expected one of seqlen-apart, weighted-1/2/0.5, got 'nearest'"),
-    (["--rule", "current"], "--rule: expected one of seqlen-apart, weighted-1/2/0.5, got 'current'"),
+    (["--rule", "nearest"], "--rule: expected one of product, seqlen-apart, weighted-1/2/0.5, got 'nearest'"),
+    (["--rule", "current"], "--rule: expected one of product, seqlen-apart, weighted-1/2/0.5, got 'current'"),
     (["--rule", RULE, "--db", "/nonexistent/x.db"], "--db: no such file '/nonexistent/x.db'"),
     (["--rule", RULE, "--max-calls", "0"], "--max-calls expects a positive integer, got 0"),
 ])

@@ -353,7 +353,7 @@ def test_nearest_backward_passes_over_tiles_more_than_twice_the_sequence(rt, tmp
     entry that fits, however near (session 62, H200: (8, 5120, 4096) took 430.9 us on the (1, 5376, 32768) winner's
     16384-position tiles, 286.4 on the (8, 5120, 2048) winner's)."""
     assert (LONG_TILES.geometry()["tile_l"], TILES_2048.geometry()["tile_l"]) == (16384, 2048)
-    entries = [(LONG_TILES, (1, 5376, 32768)), (TILES_2048, (8, 5120, 2048))]
+    entries = [(LONG_TILES, (8, 5376, 16384)), (TILES_2048, (8, 5120, 2048))]  # each nearest to two calls
     rt.set_tuning_dbs([tuned_bwd_db(tmp_path / "t.db", entries)])
     for seqlen, want in ((4096, TILES_2048), (8000, TILES_2048), (8192, LONG_TILES), (16384, LONG_TILES)):
         e = rt.explain_bwd(*args(sizes=(8, 5120, seqlen, 4), w_dtype=BF16), arch=ARCH)

@@ -62,6 +62,22 @@ def test_pick_under_the_current_rule_is_the_dispatchers_choice():
             assert cross.pick(rows, shape, cross.current_rank, "sm_90")["shape_key"] == want["shape_key"], shape.key()
 
 
+@pytest.mark.parametrize("op, same_as", [("bwd", "weighted-1/2/0.5"), ("fwd", "product")])
+def test_the_current_rule_is_the_backwards_weighted_one_and_the_forwards_product(op, same_as):
+    """Session 68 moved the backward to the weighted rule (docs/DISPATCH.md); the forward kept
+    batch x seqlen as one axis. Each op's current distance is that rule's, at every row."""
+    family = family_from_key(FAMILY.replace("bwd.", f"{op}.", 1))
+    rows = _shipped_rows()
+    moved = 0
+    for b, d, n in CALLS:
+        shape = cross._shape(family, b, d, n, ["bias", "silu"])
+        for r in rows:
+            assert cross.current_rank(shape, r, "sm_90")[2] == pytest.approx(cross.RULES[same_as](shape, r, "sm_90")[2])
+        other = "product" if same_as != "product" else "weighted-1/2/0.5"
+        moved += cross.pick(rows, shape, cross.current_rank, "sm_90") != cross.pick(rows, shape, cross.RULES[other], "sm_90")
+    assert moved > 0  # the two rules differ on this grid: the check above tells them apart
+
+
 def _matrix(rows, slow_pick_of: str, fail_first: bool = False) -> dict:
     """Every variant 10 µs at every call but the one `slow_pick_of`'s rule picks, 12 µs (or,
     at the first call with fail_first, failed)."""
@@ -79,7 +95,7 @@ def _matrix(rows, slow_pick_of: str, fail_first: bool = False) -> dict:
 def test_score_gives_each_rule_its_regret():
     rows = _shipped_rows()
     got = {s["rule"]: s for s in cross.score(_matrix(rows, "current"))}
-    assert set(got) == set(cross.RULES) == {"current", "seqlen-apart", "weighted-1/2/0.5"}
+    assert set(got) == set(cross.RULES) == {"current", "product", "seqlen-apart", "weighted-1/2/0.5"}
     cur = got["current"]
     assert (cur["calls"], cur["failed"], cur["within_5pct"]) == (len(CALLS), 0, 0)
     assert cur["mean"] == pytest.approx(0.2) and cur["worst"] == pytest.approx(0.2)
@@ -226,7 +242,7 @@ def test_loo_scores_each_rule_where_the_trials_time_its_pick(tmp_path):
     cur = got["current"]
     assert (cur["calls"], cur["unknown"], cur["within_5pct"]) == (5, 1, 0)  # the first one's pick: no trial
     assert cur["mean"] == pytest.approx(0.3) and cur["worst"] == pytest.approx(0.3)
-    for name in ("seqlen-apart", "weighted-1/2/0.5"):
+    for name in ("product", "seqlen-apart", "weighted-1/2/0.5"):
         rank = cross.RULES[name]
         same = [_loo_pick(rows, e, rank) == _loo_pick(rows, e, cross.current_rank) for e in entries]
         other = got[name]

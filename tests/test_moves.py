@@ -1,7 +1,7 @@
 """tuner/moves.py: which untuned calls a change of the winners hands to another kernel,
 and `cc1d-tune db merge` saying so. Built from two real shipped backward winners: the
-(2, 4096, 2048) one, and the (4, 4096, 8192) one added beside it (session 65: batch and
-seqlen trade freely in the nearest-entry distance, so (16, 4096, 2048) moves to it)."""
+(2, 4096, 2048) one, and the (4, 4096, 8192) one added beside it (the backward's distance
+counts seqlen twice and batch apart, so calls of A's seqlen stay with A whatever their batch)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -49,11 +49,12 @@ def test_a_new_winner_takes_the_calls_nearest_to_it(a_then_ab, shipped_rows):
     before, after = a_then_ab
     moves = moved_calls(before, after)
     va, vb = rows[A]["variant_key"], rows[B]["variant_key"]
-    assert Move("sm_90", FAMILY, "bias,silu", (16, 4096, 2048), va, vb) in moves  # distance 0 to B
+    assert Move("sm_90", FAMILY, "bias,silu", (16, 4096, 4096), va, vb) in moves  # 4 ln 2 from B, 5 from A
     assert Move("sm_90", FAMILY, "bias,silu", (1, 4096, 16384), va, vb) in moves
     calls = {m.call for m in moves}
     assert (2, 4096, 2048) not in calls and (4, 4096, 8192) not in calls  # tuned shapes are their own
     assert (1, 4096, 2048) not in calls and (2, 4096, 1000) not in calls  # still nearest to A
+    assert (16, 4096, 2048) not in calls and (1, 4096, 4096) not in calls  # B's work, A's seqlen or nearer
     assert all((m.before, m.after) == (va, vb) for m in moves)
     assert moved_calls(after, after) == []  # nothing changed, nothing moved
 

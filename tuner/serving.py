@@ -20,9 +20,20 @@ def dispatch_rank(shape: Shape, row: dict, arch: str) -> tuple[int, bool, float]
     calls (docs/DISPATCH.md), lowest first: differing features, then whether the row's
     channel-first kernel fits the shape's sequence poorly (tiling_misfits), then the distance."""
     theirs = set(filter(None, row["features"].split(",")))
-    dist = abs(math.log(shape.batch * shape.seqlen) - math.log(row["batch"] * row["seqlen"])) + \
-        abs(math.log(shape.dim) - math.log(row["dim"]))
-    return len(set(shape.features()) ^ theirs), tiling_misfits(shape, row, arch), dist
+    return len(set(shape.features()) ^ theirs), tiling_misfits(shape, row, arch), shape_distance(shape, row)
+
+
+def shape_distance(shape: Shape, row: dict) -> float:
+    """runtime/src/dispatch.cpp shape_distance: log-space distance, backward with batch, seqlen
+    and dim apart (weighted 1 / 2 / 0.5), the other ops with batch x seqlen as one axis."""
+    if shape.op == "bwd":
+        return _apart(shape.batch, row["batch"]) + 2 * _apart(shape.seqlen, row["seqlen"]) + \
+            0.5 * _apart(shape.dim, row["dim"])
+    return _apart(shape.batch * shape.seqlen, row["batch"] * row["seqlen"]) + _apart(shape.dim, row["dim"])
+
+
+def _apart(a: float, b: float) -> float:
+    return abs(math.log(a) - math.log(b))
 
 
 def tiling_misfits(shape: Shape, row: dict, arch: str) -> bool:

@@ -115,14 +115,24 @@ std::string shape_key(int64_t b, int64_t d, int64_t l, unsigned features) {
   return s;
 }
 
-// The documented distance between shapes of one family (log space: a kernel's
-// best tiling depends on the scale of the work, not on its absolute size).
 // Larger than any shape distance (|ln| of 64-bit sizes stays below 90).
 constexpr double kFeatureMismatchRank = 1000.0;
 
-double shape_distance(int64_t b, int64_t d, int64_t l, const TunedEntry& e) {
-  return std::fabs(std::log(double(b) * double(l)) - std::log(double(e.batch) * double(e.seqlen))) +
-         std::fabs(std::log(double(d)) - std::log(double(e.dim)));
+// The documented distance between shapes of one family (log space: a kernel's
+// best tiling depends on the scale of the work, not on its absolute size).
+// Forward, varlen and decode calls: batch and seqlen multiply (both only scale the grid).
+// Backward calls: batch, seqlen and dim apart, weighted 1 / 2 / 0.5, since a backward
+// kernel's fit to its sequence (segments, tiles, the split of its reduction) does not
+// carry over to a batch of the same work (session 68, H200: against the product rule,
+// 39 of 60 moved backward calls over 3 % faster, 10 slower, 1.15x geometric mean;
+// moved forward calls 0.97x, so the forward keeps the product; docs/DISPATCH.md).
+double shape_distance(const Call& p, const TunedEntry& e) {
+  auto apart = [](double a, double b) { return std::fabs(std::log(a) - std::log(b)); };
+  if (p.op == Op::bwd)
+    return apart(double(p.batch), double(e.batch)) + 2.0 * apart(double(p.seqlen), double(e.seqlen)) +
+           0.5 * apart(double(p.dim), double(e.dim));
+  return apart(double(p.batch) * double(p.seqlen), double(e.batch) * double(e.seqlen)) +
+         apart(double(p.dim), double(e.dim));
 }
 
 // A channel-first kernel's fast path takes whole segments: a row's threads (threads /
@@ -258,7 +268,8 @@ std::shared_ptr<const KernelVariant> serving(const Call& p, const std::string& a
 }
 
 // A nearest shape further than this (its work and dim ratios to the call's multiply to
-// more than 2) may have been tuned for a grid that fits the call poorly: session 42
+// more than 2; backward: its batch ratio, its seqlen ratio squared and the square root of
+// its dim ratio) may have been tuned for a grid that fits the call poorly: session 42
 // measured its kernels 1.1-3x slower at a quarter of the tuned sequence length than
 // the call's own winners. explain's detail says so.
 const double kFarDistance = std::log(2.0) + 1e-9;
@@ -374,7 +385,7 @@ std::shared_ptr<Decision> pick(const Call& p, const std::string& arch, const Cha
   for (const auto& set : sets)
     for (const TunedEntry& e : set->entries) {
       if (e.family != family || !call_runs(p, *e.variant) || broken(*set, e)) continue;
-      const double dist = shape_distance(p.batch, p.dim, p.seqlen, e);
+      const double dist = shape_distance(p, e);
       std::string misfit = tiling_misfit(p, arch, *e.variant);
       const double rank = dist + kFeatureMismatchRank * __builtin_popcount(e.features ^ features) +
                           (misfit.empty() ? 0.0 : kMisfitRank);
