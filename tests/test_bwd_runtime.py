@@ -362,6 +362,19 @@ def test_nearest_backward_passes_over_tiles_more_than_twice_the_sequence(rt, tmp
         assert "more than twice" not in e["detail"], e["detail"]
 
 
+def test_nearest_backward_counts_batch_seqlen_and_dim_apart(rt, tmp_path):
+    """The backward's distance (docs/DISPATCH.md, session 68): |ln batch| + 2 |ln seqlen| +
+    0.5 |ln dim| apart. (4, 64, 2048) has the (16, 64, 512) entry's work, which the
+    forward's batch x seqlen axis would take; the backward takes the (1, 64, 4096) one."""
+    entries = [(TILES_2048, (1, 64, 4096)), (TILES_512, (16, 64, 512))]
+    rt.set_tuning_dbs([tuned_bwd_db(tmp_path / "t.db", entries)])
+    e = rt.explain_bwd(*args(sizes=(4, 64, 2048, 4), w_dtype=BF16), arch=ARCH)
+    assert (e["reason"], e["key"], e["matched_shape"]) == ("nearest", TILES_2048.key(), "b1.d64.l4096.bias.silu")
+    assert e["distance"] == pytest.approx(math.log(4) + 2 * math.log(2))
+    e = rt.explain_bwd(*args(sizes=(16, 128, 1024, 4), w_dtype=BF16), arch=ARCH)
+    assert (e["matched_shape"], e["distance"]) == ("b16.d64.l512.bias.silu", pytest.approx(2.5 * math.log(2)))
+
+
 def test_nearest_backward_passes_over_segments_longer_than_the_sequence(rt, tmp_path):
     """As the forward's, for held segments: no row would run a whole segment on the fast path
     (session 62, H200: (2, 4096, 1000) took 90.2 us on 1024-position segments, 39.3 on 512)."""
