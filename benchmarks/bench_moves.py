@@ -42,9 +42,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--list", action="store_true", help="print the moved calls and stop (no GPU)")
     ap.add_argument("--entries", action="store_true",
                     help="also the tuned shapes of --after that --before served another variant (new or "
-                         "re-tuned entries), marked 'entry', after the untuned calls")
+                         "re-tuned entries), marked 'entry': listed after the untuned calls, timed first")
     ap.add_argument("--max-calls", type=int, default=40,
-                    help="time at most this many calls, the rest listed as not timed (default 40)")
+                    help="time at most this many calls, the rest listed as not timed (default 40): the "
+                         "entries first, then the moved calls a family at a time in turn")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here (after every call)")
     ap.add_argument("--shapes-out", type=Path, default=None,
                     help="write the calls slowed after (more than 3 %%, or failing where they ran) as a "
@@ -84,12 +85,16 @@ def why_untimed(move) -> str | None:
 
 
 def plan(moves: list, max_calls: int) -> tuple[list, list[dict]]:
-    """The moves to time (the first max_calls of those it can) and the rest, each with why
-    it is not timed."""
+    """The moves to time and the rest, each with why it is not timed. Of those it can time,
+    at most max_calls: the entries first (what the tuning run bought), then the moved calls
+    a family at a time in turn (tuner/moves.py round_robin), so that a cap reaches them all."""
+    from cc1d.tuner.moves import round_robin
     timeable = [m for m in moves if why_untimed(m) is None]
-    timed = timeable[:max_calls]
+    entries = [m for m in timeable if m.entry][:max_calls]
+    timed = entries + round_robin([m for m in timeable if not m.entry], max_calls - len(entries))[0]
+    chosen = set(timed)
     rest = [dict(family=m.family_key, features=m.features, call=list(m.call),
-                 reason=why_untimed(m) or f"past --max-calls {max_calls}") for m in moves if m not in timed]
+                 reason=why_untimed(m) or f"past --max-calls {max_calls}") for m in moves if m not in chosen]
     return timed, rest
 
 

@@ -19,7 +19,6 @@ import argparse
 import math
 import sys
 from collections import defaultdict
-from itertools import zip_longest
 from pathlib import Path
 
 from cross_serve import RULES, current_rank  # a sibling script: run as benchmarks/bench_rule.py
@@ -56,13 +55,10 @@ def moves_of(db_path: Path, rule: str, arch: str | None = None) -> list:
 
 
 def sample(moves: list, max_calls: int) -> list:
-    """At most max_calls of the moves, one family after another in turn (each family's in
-    grid order), so that a cap still reaches every family."""
-    by_family: dict[str, list] = defaultdict(list)
-    for m in moves:
-        by_family[(m.arch, m.family_key)].append(m)
-    turns = zip_longest(*(by_family[k] for k in sorted(by_family)))
-    return [m for turn in turns for m in turn if m is not None][:max_calls]
+    """At most max_calls of the moves, one family after another in turn (tuner/moves.py
+    round_robin), so that a cap still reaches every family."""
+    from cc1d.tuner.moves import round_robin
+    return round_robin(moves, max_calls)[0]
 
 
 def summary(rows: list[dict]) -> list[dict]:

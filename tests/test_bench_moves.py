@@ -120,6 +120,18 @@ def test_plan_times_the_first_calls_it_can_and_says_why_not_the_rest():
                     dict(family=fam, features="bias,silu", call=[1, 64, 1000], reason="past --max-calls 2")]
 
 
+def test_plan_times_the_entries_first_then_each_family_in_turn():
+    def mv(fam, n, entry=False):
+        return Move("sm_90", fam, "bias,silu", (1, 64, n), "a", fam + ".x", entry)
+    cf, cl = "bwd.cf.bf16wbf16.w4", "bwd.cl.bf16wbf16.w4"
+    moves = [mv(cf, 128), mv(cf, 512), mv(cf, 1000), mv(cl, 128), mv(cl, 512), mv(cf, 2048, entry=True)]
+    timed, rest = moves_script.plan(moves, max_calls=3)
+    assert [(m.family_key, m.call[2], m.entry) for m in timed] == [(cf, 2048, True), (cf, 128, False), (cl, 128, False)]
+    assert [r["call"][2] for r in rest] == [512, 1000, 512]
+    timed, rest = moves_script.plan(moves, max_calls=1)
+    assert [m.entry for m in timed] == [True] and len(rest) == 5
+
+
 def test_ratio_is_none_where_a_time_is_missing():
     assert moves_script.ratio(30.0, 20.0) == 1.5
     assert moves_script.ratio(None, 20.0) is None and moves_script.ratio(30.0, float("nan")) is None

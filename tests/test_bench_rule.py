@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cc1d.tuner.db import TuningDB
-from cc1d.tuner.moves import Move, rule_moves, snapshot
+from cc1d.tuner.moves import Move, round_robin, rule_moves, snapshot
 from cc1d.tuner.serving import dispatch_rank, serve_from
 from cc1d.tuner.shapes import Shape
 
@@ -81,9 +81,8 @@ def _m(family, n):
 def test_the_sample_takes_each_family_in_turn():
     moves = [_m("fwd.cf.x", n) for n in range(5)] + [_m("bwd.cf.y", 9)] + [_m("fwd.cl.z", n) for n in range(3)]
     got = rule_script.sample(moves, 6)
-    assert [(m.family_key, m.call[2]) for m in got] == [
-        ("bwd.cf.y", 9), ("fwd.cf.x", 0), ("fwd.cl.z", 0), ("fwd.cf.x", 1), ("fwd.cl.z", 1), ("fwd.cf.x", 2)]
-    assert len(rule_script.sample(moves, 100)) == len(moves)
+    assert got == round_robin(moves, 6)[0]  # tests/test_moves.py checks the order
+    assert {m.family_key for m in got} == {"fwd.cf.x", "bwd.cf.y", "fwd.cl.z"}
 
 
 def test_the_summary_counts_per_family_and_overall():

@@ -10,7 +10,8 @@ import pytest
 
 from cc1d.tuner.cli import main
 from cc1d.tuner.db import TuningDB
-from cc1d.tuner.moves import GRID_BATCHES, GRID_LENGTHS, Move, changed_entries, describe, moved_calls, snapshot
+from cc1d.tuner.moves import (GRID_BATCHES, GRID_LENGTHS, Move, changed_entries, describe, moved_calls,
+                              round_robin, snapshot)
 
 SHIPPED = Path(__file__).resolve().parents[1] / "tuning_db" / "sm_90.db"
 FAMILY = "bwd.cf.bf16wbf16.w4"
@@ -102,3 +103,20 @@ def test_db_merge_prints_the_calls_it_moved(tmp_path, shipped_rows, capsys):
     assert main(["db", "merge", "--db", str(dest), str(new)]) == 0  # the same again: nothing moves
     out = capsys.readouterr().out
     assert "merged 0 winners" in out and "the new winners take" not in out
+
+
+def _m(family, n, arch="sm_90"):
+    return Move(arch, family, "bias,silu", (1, 64, n), "a", "b")
+
+
+def test_round_robin_takes_each_family_in_turn_and_keeps_the_rest_in_order():
+    moves = [_m("fwd.cf.x", n) for n in range(5)] + [_m("bwd.cf.y", 9)] + [_m("fwd.cl.z", n) for n in range(3)]
+    taken, rest = round_robin(moves, 6)
+    assert [(m.family_key, m.call[2]) for m in taken] == [
+        ("bwd.cf.y", 9), ("fwd.cf.x", 0), ("fwd.cl.z", 0), ("fwd.cf.x", 1), ("fwd.cl.z", 1), ("fwd.cf.x", 2)]
+    assert rest == [_m("fwd.cf.x", 3), _m("fwd.cf.x", 4), _m("fwd.cl.z", 2)]
+    every, none = round_robin(moves, 100)
+    assert sorted(every, key=moves.index) == moves and none == []
+    assert round_robin(moves, 0) == ([], moves)
+    # another arch's family is a family of its own
+    assert [m.arch for m in round_robin([_m("f", 1), _m("f", 2), _m("f", 3, "gfx942")], 2)[0]] == ["gfx942", "sm_90"]

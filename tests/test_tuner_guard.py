@@ -163,7 +163,7 @@ def test_a_harmless_winner_ends_the_guard_in_one_round(tmp_path, capsys, monkeyp
                         "--guard-max-calls", "2"], capsys, probe=lambda: H100)
     assert code == 0
     assert "guard round 1: no call slowed by more than 3 %" in out and "guard round 2" not in out
-    assert "; timing the first 2" in out and "not timed (past --guard-max-calls 2): 2 calls, fwd.cf." in out
+    assert "; timing 2, each family in turn" in out and "not timed (past --guard-max-calls 2): 2 calls, fwd.cf." in out
     assert len(made) == 1 + 2  # the tuned shape, then the two calls timed
 
 

@@ -78,7 +78,8 @@ def tune_parser() -> argparse.ArgumentParser:
     p.add_argument("--guard-rounds", type=int, default=2, metavar="N",
                    help="with --guard: check again after tuning slowed calls, at most N rounds (default 2)")
     p.add_argument("--guard-max-calls", type=int, default=64, metavar="N",
-                   help="with --guard: time at most N moved calls a round, the rest listed (default 64)")
+                   help="with --guard: time at most N moved calls a round, taken from each family in turn; "
+                        "the rest listed (default 64)")
     p.add_argument("--deadline-s", type=float, default=None, metavar="S",
                    help="start no shape and no guard check after S seconds of the run (the shape being "
                         "tuned then runs on, up to its --budget-s); what was left is listed and the exit "
@@ -410,14 +411,15 @@ def guard_rounds(args: argparse.Namespace, arch: str, db_path: Path, shapes: lis
     from tqdm import tqdm
 
     from .guard import check_moves, pending_moves, shapes_entry
+    from .moves import round_robin
     families = {s.family().key() for s in shapes}
     known: dict = {}
     added: list[Shape] = []
     for rnd in range(1, args.guard_rounds + 1):
         moves, variants = pending_moves(Path(args.guard), db_path, arch, families)
-        checked, unchecked = moves[:args.guard_max_calls], moves[args.guard_max_calls:]
+        checked, unchecked = round_robin(moves, args.guard_max_calls)  # a cap still reaches every family
         print(f"guard round {rnd}: the run's winners move {len(moves)} untuned calls in {args.guard}"
-              + (f"; timing the first {len(checked)}" if unchecked else ""))
+              + (f"; timing {len(checked)}, each family in turn" if unchecked else ""))
         bar = tqdm(total=len(checked), desc="guard", unit="call", disable=None)
 
         def on_check(c: Any) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from itertools import product
+from itertools import product, zip_longest
 from typing import Any, Callable, Iterator
 
 from .db import TuningDB, family_from_key
@@ -105,6 +105,19 @@ def rule_moves(rows: Rows, rank_before: Callable, rank_after: Callable) -> list[
             if was != new:
                 moves.append(Move(arch, fkey, feats, call, was, new))
     return moves
+
+
+def round_robin(moves: list[Move], n: int) -> tuple[list[Move], list[Move]]:
+    """At most n of the moves, taken from each (arch, family) in turn, each family's in their
+    order, so that a cap still reaches every family (in grid order it would spend itself on
+    the first families); and the rest, in their order."""
+    by_family: dict[tuple[str, str], list[Move]] = defaultdict(list)
+    for m in moves:
+        by_family[(m.arch, m.family_key)].append(m)
+    turns = zip_longest(*(by_family[k] for k in sorted(by_family)))
+    taken = [m for turn in turns for m in turn if m is not None][:max(n, 0)]
+    chosen = set(taken)
+    return taken, [m for m in moves if m not in chosen]
 
 
 def changed_entries(before: Rows, after: Rows) -> list[Move]:
