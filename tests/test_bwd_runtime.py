@@ -375,6 +375,18 @@ def test_nearest_backward_counts_batch_seqlen_and_dim_apart(rt, tmp_path):
     assert (e["matched_shape"], e["distance"]) == ("b16.d64.l512.bias.silu", pytest.approx(2.5 * math.log(2)))
 
 
+def test_a_far_backward_entry_is_one_further_than_a_seqlen_factor_of_2(rt, tmp_path):
+    rt.set_tuning_dbs([tuned_bwd_db(tmp_path / "t.db", [(TILES_512, (2, 64, 1024))])])
+    far = "it is far from this call"
+    for sizes in ((2, 64, 2048), (4, 64, 1024), (2, 256, 1024), (2, 64, 600)):  # 2 ln 2 or less
+        assert far not in rt.explain_bwd(*args(sizes=(*sizes, 4), w_dtype=BF16), arch=ARCH)["detail"], sizes
+    for sizes in ((2, 64, 2100), (16, 64, 1024), (4, 64, 2048)):
+        e = rt.explain_bwd(*args(sizes=(*sizes, 4), w_dtype=BF16), arch=ARCH)
+        assert e["distance"] > 2 * math.log(2), sizes
+        assert (f"{far} (distance {e['distance']:.2f}, further than a seqlen factor of 2 alone), so its kernel "
+                "may fit the call poorly") in e["detail"], e["detail"]
+
+
 def test_nearest_backward_passes_over_segments_longer_than_the_sequence(rt, tmp_path):
     """As the forward's, for held segments: no row would run a whole segment on the fast path
     (session 62, H200: (2, 4096, 1000) took 90.2 us on 1024-position segments, 39.3 on 512)."""

@@ -267,12 +267,12 @@ std::shared_ptr<const KernelVariant> serving(const Call& p, const std::string& a
   return v;
 }
 
-// A nearest shape further than this (its work and dim ratios to the call's multiply to
-// more than 2; backward: its batch ratio, its seqlen ratio squared and the square root of
-// its dim ratio) may have been tuned for a grid that fits the call poorly: session 42
+// A nearest shape further than a factor of 2 (forward: its work and dim ratios to the
+// call's multiply to more than 2; backward, seqlen counted twice: further than a seqlen
+// ratio of 2 alone) may have been tuned for a grid that fits the call poorly: session 42
 // measured its kernels 1.1-3x slower at a quarter of the tuned sequence length than
 // the call's own winners. explain's detail says so.
-const double kFarDistance = std::log(2.0) + 1e-9;
+double far_distance(const Call& p) { return (p.op == Op::bwd ? 2.0 : 1.0) * std::log(2.0) + 1e-9; }
 
 // ---- counters (dispatch_stats): what a warmed-up call must not do again ------
 
@@ -409,12 +409,12 @@ std::shared_ptr<Decision> pick(const Call& p, const std::string& arch, const Cha
                    features_string(features) + "])";
     if (!best_misfit.empty())
       d->detail += "; " + best_misfit + ", and no tuned entry's kernel fits the call: cc1d-tune this shape";
-    if (best_distance > kFarDistance) {
+    if (best_distance > far_distance(p)) {
       char dist[32];
       std::snprintf(dist, sizeof dist, "%.2f", best_distance);
       d->detail += "; it is far from this call (distance " + std::string(dist) +
-                   ", more than a factor of 2 apart), so its kernel may fit the call poorly: "
-                   "cc1d-tune this shape for one made for it";
+                   (p.op == Op::bwd ? ", further than a seqlen factor of 2 alone" : ", more than a factor of 2 apart") +
+                   "), so its kernel may fit the call poorly: cc1d-tune this shape for one made for it";
     }
     d->detail += skipped;
     return d;
