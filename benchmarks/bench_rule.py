@@ -12,6 +12,7 @@ with every winner timed; this judges it across families with two timings a call.
 
     python benchmarks/bench_rule.py --rule weighted-1/2/0.5 [--db DB] [--max-calls 120] [--out r.json]
     python benchmarks/bench_rule.py --rule weighted-1/2/0.5 --list          # no GPU
+    python benchmarks/bench_rule.py --rule weighted-0.5/4/0 --ops bwd       # the backward's calls only
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from pathlib import Path
 from cross_serve import RULES, current_rank  # a sibling script: run as benchmarks/bench_rule.py
 
 REPO = Path(__file__).resolve().parents[1]
+OPS = ("fwd", "bwd")  # --ops' choices: the ops whose moved calls it lists and times
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -33,6 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="tuning DB (default: this checkout's tuning_db/<arch>.db; with --list, sm_90)")
     ap.add_argument("--max-calls", type=int, default=120,
                     help="time at most this many moved calls, taken in turn from each family (default 120)")
+    ap.add_argument("--ops", default="fwd,bwd",
+                    help="the ops whose calls count, comma-separated: fwd, bwd (default both)")
     ap.add_argument("--list", action="store_true", help="print the moved calls per family and stop (no GPU)")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here (after every call)")
     args = ap.parse_args(argv)
@@ -40,18 +44,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--rule: expected one of {', '.join(r for r in RULES if r != 'current')}, got {args.rule!r}")
     if args.db is not None and not args.db.is_file():
         ap.error(f"--db: no such file {str(args.db)!r}")
+    args.ops = tuple(args.ops.split(","))
+    if not args.ops or any(op not in OPS for op in args.ops):
+        ap.error(f"--ops: expected a comma-separated list of {', '.join(OPS)}, got {','.join(args.ops)!r}")
     if args.max_calls < 1:
         ap.error(f"--max-calls expects a positive integer, got {args.max_calls}")
     return args
 
 
-def moves_of(db_path: Path, rule: str, arch: str | None = None) -> list:
-    """tuner/moves.py rule_moves: the grid calls the current rule and `rule` serve apart."""
+def moves_of(db_path: Path, rule: str, arch: str | None = None, ops: tuple[str, ...] = OPS) -> list:
+    """tuner/moves.py rule_moves: the grid calls of `ops` the current rule and `rule` serve apart."""
     from cc1d.tuner.db import TuningDB
     from cc1d.tuner.moves import rule_moves, snapshot
     with TuningDB(db_path, readonly=True) as db:
         rows = snapshot(db)
-    return [m for m in rule_moves(rows, current_rank, RULES[rule]) if arch in (None, m.arch)]
+    return [m for m in rule_moves(rows, current_rank, RULES[rule])
+            if arch in (None, m.arch) and m.family_key.split(".", 1)[0] in ops]
 
 
 def sample(moves: list, max_calls: int) -> list:
@@ -103,7 +111,7 @@ def measure(args: argparse.Namespace) -> dict:
 
     device, path = gpu_and_db("bench_rule.py", args.db, "--db", "--list")
     rt, arch = runtime(), device.target
-    moves = moves_of(path, args.rule, arch)
+    moves = moves_of(path, args.rule, arch, args.ops)
     timed = sample(moves, args.max_calls)
     with TuningDB(path, readonly=True) as db:
         variants = variants_of(snapshot(db))
@@ -159,7 +167,7 @@ def print_table(doc: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)  # before torch touches a GPU: a bad option costs nothing
     if args.list:
-        print_list(moves_of(args.db or REPO / "tuning_db" / "sm_90.db", args.rule), args.rule)
+        print_list(moves_of(args.db or REPO / "tuning_db" / "sm_90.db", args.rule, ops=args.ops), args.rule)
         return 0
     print_table(measure(args))
     return 0

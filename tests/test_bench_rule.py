@@ -34,10 +34,12 @@ def _run(*argv):
 
 @pytest.mark.parametrize("argv, message", [
     ([], "the following arguments are required: --rule"),
-    (["--rule", "nearest"], "--rule: expected one of product, seqlen-apart, weighted-1/2/0.5, got 'nearest'"),
-    (["--rule", "current"], "--rule: expected one of product, seqlen-apart, weighted-1/2/0.5, got 'current'"),
+    (["--rule", "nearest"], "--rule: expected one of product, seqlen-apart, weighted-1/2/0.5, weighted-0.5/4/0, got 'nearest'"),
+    (["--rule", "current"], "--rule: expected one of product, seqlen-apart, weighted-1/2/0.5, weighted-0.5/4/0, got 'current'"),
     (["--rule", RULE, "--db", "/nonexistent/x.db"], "--db: no such file '/nonexistent/x.db'"),
     (["--rule", RULE, "--max-calls", "0"], "--max-calls expects a positive integer, got 0"),
+    (["--rule", RULE, "--ops", "upd"], "--ops: expected a comma-separated list of fwd, bwd, got 'upd'"),
+    (["--rule", RULE, "--ops", "bwd,"], "--ops: expected a comma-separated list of fwd, bwd, got 'bwd,'"),
 ])
 def test_bad_options_are_refused_before_the_gpu(argv, message):
     res = _run(*argv)
@@ -72,6 +74,15 @@ def test_list_counts_the_moves_per_family(shipped):
     assert lines[0] == f"{len(moves)} grid calls served another winner under {RULE}, in {len(families)} families"
     assert lines[1:1 + len(families)] == [f"  {f}: {sum(m.family_key == f for m in moves)}" for f in families]
     assert len(lines) == 1 + len(families) + len(moves)
+
+
+def test_list_with_ops_keeps_that_ops_calls():
+    rule = "weighted-0.5/4/0"  # moves calls of both ops (weighted-1/2/0.5 is the backward's own)
+    both, bwd = _run("--rule", rule, "--list"), _run("--rule", rule, "--list", "--ops", "bwd")
+    assert both.returncode == bwd.returncode == 0, both.stderr + bwd.stderr
+    calls = [ln for ln in bwd.stdout.splitlines() if ln.startswith("sm_90 ")]
+    assert calls and all(ln.startswith("sm_90 bwd.") for ln in calls)
+    assert calls == [ln for ln in both.stdout.splitlines() if ln.startswith("sm_90 bwd.")]
 
 
 def _m(family, n):

@@ -95,7 +95,8 @@ def _matrix(rows, slow_pick_of: str, fail_first: bool = False) -> dict:
 def test_score_gives_each_rule_its_regret():
     rows = _shipped_rows()
     got = {s["rule"]: s for s in cross.score(_matrix(rows, "current"))}
-    assert set(got) == set(cross.RULES) == {"current", "product", "seqlen-apart", "weighted-1/2/0.5"}
+    assert set(got) == set(cross.RULES) == {"current", "product", "seqlen-apart", "weighted-1/2/0.5",
+                                            "weighted-0.5/4/0"}
     cur = got["current"]
     assert (cur["calls"], cur["failed"], cur["within_5pct"]) == (len(CALLS), 0, 0)
     assert cur["mean"] == pytest.approx(0.2) and cur["worst"] == pytest.approx(0.2)
@@ -242,7 +243,7 @@ def test_loo_scores_each_rule_where_the_trials_time_its_pick(tmp_path):
     cur = got["current"]
     assert (cur["calls"], cur["unknown"], cur["within_5pct"]) == (5, 1, 0)  # the first one's pick: no trial
     assert cur["mean"] == pytest.approx(0.3) and cur["worst"] == pytest.approx(0.3)
-    for name in ("product", "seqlen-apart", "weighted-1/2/0.5"):
+    for name in ("product", "seqlen-apart", "weighted-1/2/0.5", "weighted-0.5/4/0"):
         rank = cross.RULES[name]
         same = [_loo_pick(rows, e, rank) == _loo_pick(rows, e, cross.current_rank) for e in entries]
         other = got[name]
