@@ -26,7 +26,6 @@ import argparse
 import math
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -287,4 +286,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from script_exit import exit_with  # a sibling script
+    exit_with(main, "bench_moves.py")

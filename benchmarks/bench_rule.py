@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -174,4 +173,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from script_exit import exit_with  # a sibling script
+    exit_with(main, "bench_rule.py")

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Callable
@@ -334,4 +333,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from script_exit import exit_with  # a sibling script
+    exit_with(main, "cross_serve.py")

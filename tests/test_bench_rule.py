@@ -85,6 +85,18 @@ def test_list_with_ops_keeps_that_ops_calls():
     assert calls == [ln for ln in both.stdout.splitlines() if ln.startswith("sm_90 bwd.")]
 
 
+def test_a_reader_leaving_early_ends_the_listing_without_a_traceback():
+    """`bench_rule.py --list | head` (and bench_moves', cross_serve's: benchmarks/script_exit.py)."""
+    # a listing longer than a pipe's buffer (64 KiB), so that the script is still writing when the reader leaves
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--rule", "weighted-0.5/4/0", "--list"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()
+    proc.stdout.close()  # the reader leaves with most of the listing unread
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1 and "grid calls served another winner" in first
+    assert err.strip() == "bench_rule.py: output closed before the end (a pipe's reader left)", err
+
+
 def _m(family, n):
     return Move("sm_90", family, "bias,silu", (1, 64, n), "a", "b")
 
