@@ -15,6 +15,10 @@ fastest's, less one).
 rows again under each rule of RULES (no GPU) and prints every rule's regret, so that a
 change of the rule can be judged on measured times before it is made.
 
+--weights FILE... (no GPU) scores every weight triple of WEIGHT_GRID (batch, seqlen and dim
+apart, as weights_rank) on saved matrices and prints the best by summed mean regret, beside
+RULES: where a candidate rule comes from, to be timed with bench_rule.py.
+
 --loo DB... (no GPU) scores the rules on times tuning runs already measured: each entry of
 --db's family whose shape the DBs hold trials of is left out in turn, each rule picks the
 entry that would serve its shape from the others, and that entry's variant is looked up
@@ -26,6 +30,7 @@ for a --score run on a fresh grid, not a verdict.
     python benchmarks/cross_serve.py --family bwd.cf.bf16wbf16.w4 --batches 1,4,16 \\
         --dims 2048,5120 --lengths 700,1500,3000,6000 [--db tuning_db/sm_90.db] --out m.json
     python benchmarks/cross_serve.py --score m.json
+    python benchmarks/cross_serve.py --weights m1.json m2.json [--top 10]
     python benchmarks/cross_serve.py --loo run1.db run2.db [--db tuning_db/sm_90.db] [--family ...]
 """
 from __future__ import annotations
@@ -34,6 +39,7 @@ import argparse
 import json
 import math
 from collections import defaultdict
+from itertools import product
 from pathlib import Path
 from typing import Callable
 
@@ -57,15 +63,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=None, help="write the matrix as JSON here")
     ap.add_argument("--score", type=Path, default=None, metavar="FILE",
                     help="rank a saved matrix's rows under every rule and print their regret (no GPU)")
+    ap.add_argument("--weights", type=Path, nargs="+", default=None, metavar="FILE",
+                    help="rank saved matrices' rows under every (batch, seqlen, dim) weight triple of "
+                         "WEIGHT_GRID and print the best --top sets by summed mean regret (no GPU)")
+    ap.add_argument("--top", type=int, default=10, help="with --weights: how many sets to print (default 10)")
     ap.add_argument("--loo", type=Path, nargs="+", default=None, metavar="DB",
                     help="score every rule leaving out each entry of --db's family whose shape these "
                          "tuning DBs hold trials of (no GPU)")
     args = ap.parse_args(argv)
-    if args.score is not None and args.loo is not None:
-        ap.error("--score and --loo: one at a time")
+    modes = [name for name in ("score", "loo", "weights") if getattr(args, name) is not None]
+    if len(modes) > 1:
+        ap.error(f"{' and '.join('--' + m for m in modes)}: one at a time")
     if args.score is not None:
         if not args.score.is_file():
             ap.error(f"--score: no such file {str(args.score)!r}")
+        return args
+    if args.weights is not None:
+        missing = [str(p) for p in args.weights if not p.is_file()]
+        if missing:
+            ap.error(f"--weights: no such file {missing[0]!r}")
+        if args.top < 1:
+            ap.error(f"--top expects a positive integer, got {args.top}")
         return args
     if args.loo is not None:
         for path in [*args.loo, *([args.db] if args.db else [])]:
@@ -112,34 +130,28 @@ def product_rank(shape, row: dict, arch: str) -> tuple:
         _log_apart(shape.dim, row["dim"])
 
 
-def seqlen_apart_rank(shape, row: dict, arch: str) -> tuple:
-    """Sequence length and batch apart, the length counted twice: a kernel's fit to its
-    sequence (segments, tiles) does not carry over to a batch of the same size."""
-    features, misfit, _ = current_rank(shape, row, arch)
-    return features, misfit, 2 * _log_apart(shape.seqlen, row["seqlen"]) + \
-        _log_apart(shape.batch, row["batch"]) + _log_apart(shape.dim, row["dim"])
+def weights_rank(batch: float, seqlen: float, dim: float) -> Callable:
+    """A rule like the dispatcher's (features, then tiling misfit) whose distance counts batch,
+    seqlen and dim apart, each |log| weighted: the backward's rule is (1, 2, 0.5)."""
+    def rank(shape, row: dict, arch: str) -> tuple:
+        features, misfit, _ = current_rank(shape, row, arch)
+        return features, misfit, batch * _log_apart(shape.batch, row["batch"]) + \
+            seqlen * _log_apart(shape.seqlen, row["seqlen"]) + dim * _log_apart(shape.dim, row["dim"])
+    return rank
 
 
-def weighted_rank(shape, row: dict, arch: str) -> tuple:
-    """Batch, length and dim apart, weighted 1 / 2 / 0.5: the best of 27 weight sets on
-    session 66's matrix (7.1 % against product's 8.6 %); 7.0 % against 19.8 % on session
-    67's leave-one-out trials, 16.6 % against 21.2 % on session 68's fresh grid. The
-    dispatcher's backward rule since session 68 (bench_rule.py: moved forward calls lost)."""
-    features, misfit, _ = current_rank(shape, row, arch)
-    return features, misfit, _log_apart(shape.batch, row["batch"]) + 2 * _log_apart(shape.seqlen, row["seqlen"]) + \
-        0.5 * _log_apart(shape.dim, row["dim"])
-
-
-def seqlen_heavy_rank(shape, row: dict, arch: str) -> tuple:
-    """Batch, length and dim apart, weighted 0.5 / 4 / 0: the best sum of 75 weight sets
-    on sessions 66's and 68's matrices (7.0 / 11.5 % against weighted-1/2/0.5's 7.1 /
-    16.6 %), 48 calls for 75 sets: a lead for bench_rule.py, not a result."""
-    features, misfit, _ = current_rank(shape, row, arch)
-    return features, misfit, 0.5 * _log_apart(shape.batch, row["batch"]) + 4 * _log_apart(shape.seqlen, row["seqlen"])
-
-
-RULES: dict[str, Callable] = {"current": current_rank, "product": product_rank, "seqlen-apart": seqlen_apart_rank,
-                              "weighted-1/2/0.5": weighted_rank, "weighted-0.5/4/0": seqlen_heavy_rank}
+# The rules --score, --loo and bench_rule.py compare. seqlen-apart: a kernel's fit to its
+# sequence (segments, tiles) does not carry over to a batch of the same work. weighted-1/2/0.5:
+# the best of 27 weight sets on session 66's matrix (7.1 % against product's 8.6 %); 7.0 %
+# against 19.8 % on session 67's leave-one-out trials, 16.6 % against 21.2 % on session 68's
+# fresh grid; the dispatcher's backward rule since session 68 (moved forward calls lost).
+# weighted-0.5/4/0: the best sum of --weights' 75 sets on sessions 66's and 68's matrices
+# (7.0 / 11.5 %), 48 calls for 75 sets: a lead for bench_rule.py, not a result.
+RULES: dict[str, Callable] = {"current": current_rank, "product": product_rank,
+                              "seqlen-apart": weights_rank(1, 2, 1), "weighted-1/2/0.5": weights_rank(1, 2, 0.5),
+                              "weighted-0.5/4/0": weights_rank(0.5, 4, 0)}
+# --weights' grid: every (batch, seqlen, dim) weight triple of these.
+WEIGHT_GRID = ((0.5, 1, 2), (0.5, 1, 2, 3, 4), (0, 0.25, 0.5, 1, 2))
 
 
 def pick(rows: list[dict], shape, rank: Callable, arch: str) -> dict:
@@ -189,6 +201,17 @@ def score(matrix: dict, rules: dict[str, Callable] = RULES) -> list[dict]:
             picks.append((times, shape.key(), pick(matrix["rows"], shape, rank, matrix["arch"])["variant_key"]))
         out.append(regret_summary(name, picks, "failed"))
     return out
+
+
+def weight_search(matrices: list[dict], grid: tuple = WEIGHT_GRID) -> list[dict]:
+    """Every weight triple of the grid scored on each matrix (score's mean regret), best
+    summed regret first; a triple whose picks all failed on a matrix sorts last."""
+    out = []
+    for weights in product(*grid):
+        rank = weights_rank(*weights)
+        means = [score(m, {"w": rank})[0]["mean"] for m in matrices]
+        out.append(dict(weights=weights, means=means, total=math.fsum(means)))
+    return sorted(out, key=lambda r: (math.isnan(r["total"]), r["total"]))
 
 
 def trial_times(paths: list[Path], arch: str, family_key: str, epochs: dict[str, int]) -> dict[str, dict[str, float]]:
@@ -263,6 +286,36 @@ def print_score(matrix: dict) -> None:
               f"{s['within_5pct']} / {s['calls']} | {s['failed']} |")
 
 
+def print_weights(matrices: list[dict], top: int) -> None:
+    for i, m in enumerate(matrices, 1):
+        print(f"matrix {i}: {m['device']}; {m['family']} ({','.join(m['features'])}); {len(m['calls'])} calls")
+    found = weight_search(matrices)
+    calls = sum(len(m["calls"]) for m in matrices)
+    print(f"{len(found)} weight sets on {calls} calls: the best is a lead to time (bench_rule.py), not a result")
+    cols = " | ".join(f"matrix {i} mean regret" for i in range(1, len(matrices) + 1))
+    print(f"| weights (batch / seqlen / dim) | {cols} | sum |")
+    print("|---|" + "---|" * (len(matrices) + 1))
+
+    def row(name: str, means: list[float]) -> str:
+        return f"| {name} | " + " | ".join(f"{100 * x:.1f} %" for x in means) + f" | {100 * math.fsum(means):.1f} % |"
+    for r in found[:top]:
+        print(row(" / ".join(f"{w:g}" for w in r["weights"]), r["means"]))
+    for name, rank in RULES.items():  # the named rules, for comparison
+        print(row(f"rule {name}", [score(m, {name: rank})[0]["mean"] for m in matrices]))
+
+
+def load_matrix(path: Path, option: str) -> dict:
+    """A matrix cross_serve.py wrote (--out), or SystemExit naming the option and the file."""
+    try:
+        matrix = json.loads(path.read_text())
+        for key in ("device", "arch", "family", "features", "rows", "calls"):
+            matrix[key]
+        return matrix
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"{option} {path}: not a matrix that cross_serve.py wrote "
+                         f"({type(exc).__name__}: {exc})") from None
+
+
 # ---- measuring (GPU) ------------------------------------------------------------------
 
 def measure(args: argparse.Namespace) -> dict:
@@ -321,11 +374,19 @@ def main(argv: list[str] | None = None) -> int:
         print_loo(args)
         return 0
     if args.score is not None:
+        matrix = load_matrix(args.score, "--score")
         try:
-            matrix = json.loads(args.score.read_text())
             print_score(matrix)
         except (ValueError, KeyError, TypeError) as exc:
             raise SystemExit(f"--score {args.score}: not a matrix that cross_serve.py wrote "
+                             f"({type(exc).__name__}: {exc})") from None
+        return 0
+    if args.weights is not None:
+        matrices = [load_matrix(p, "--weights") for p in args.weights]
+        try:
+            print_weights(matrices, args.top)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SystemExit(f"--weights: a matrix that cross_serve.py did not write "
                              f"({type(exc).__name__}: {exc})") from None
         return 0
     print_score(measure(args))

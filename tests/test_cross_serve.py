@@ -33,6 +33,9 @@ FAMILY = "bwd.cf.bf16wbf16.w4"
     (["--features", "bias,seqidx"], "--features expects some of bias, silu separated by commas, got ['seqidx']"),
     (["--db", "/nonexistent/x.db"], "--db: no such file '/nonexistent/x.db'"),
     (["--score", "/nonexistent/m.json"], "--score: no such file '/nonexistent/m.json'"),
+    (["--weights", "/nonexistent/m.json"], "--weights: no such file '/nonexistent/m.json'"),
+    (["--weights", __file__, "--top", "0"], "--top expects a positive integer, got 0"),
+    (["--weights", __file__, "--score", __file__], "--score and --weights: one at a time"),
 ])
 def test_bad_options_are_refused_before_the_gpu(argv, message):
     res = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
@@ -103,7 +106,7 @@ def test_score_gives_each_rule_its_regret():
     # the other rule is slowed only where it picks what the current one picks
     family = family_from_key(FAMILY)
     same = sum(cross.pick(rows, s, cross.current_rank, "sm_90")["variant_key"] ==
-               cross.pick(rows, s, cross.seqlen_apart_rank, "sm_90")["variant_key"]
+               cross.pick(rows, s, cross.RULES["seqlen-apart"], "sm_90")["variant_key"]
                for s in (cross._shape(family, b, d, n, ["bias", "silu"]) for b, d, n in CALLS))
     assert 0 < same < len(CALLS)  # the rules differ somewhere on this grid, and agree somewhere
     other = got["seqlen-apart"]
@@ -126,6 +129,35 @@ def test_score_option_prints_the_table(tmp_path):
     assert res.returncode == 0, res.stderr
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("| seqlen-apart")]
     assert len(lines) == 1 and "| 20.0 % | 20.0 % |" in lines[0], res.stdout
+
+
+def test_weight_search_scores_every_triple_of_the_grid():
+    rows = _shipped_rows()
+    matrices = [_matrix(rows, "weighted-1/2/0.5"), _matrix(rows, "product")]
+    found = cross.weight_search(matrices)
+    assert len(found) == 3 * 5 * 5 and len({r["weights"] for r in found}) == len(found)
+    assert [r["total"] for r in found] == sorted(r["total"] for r in found)
+    mine = next(r for r in found if r["weights"] == (1, 2, 0.5))  # the backward's rule: slow where it picks
+    assert mine["means"] == pytest.approx([0.2, [s for s in cross.score(matrices[1])
+                                                 if s["rule"] == "weighted-1/2/0.5"][0]["mean"]])
+    assert found[0]["total"] < mine["total"]  # other triples pick otherwise somewhere
+
+
+def test_weights_option_prints_the_best_sets_and_the_rules(tmp_path):
+    paths = []
+    for i, slow in enumerate(("weighted-1/2/0.5", "seqlen-apart")):
+        paths.append(tmp_path / f"m{i}.json")
+        paths[-1].write_text(json.dumps(_matrix(_shipped_rows(), slow)))
+    res = subprocess.run([sys.executable, str(SCRIPT), "--weights", *map(str, paths), "--top", "3"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert f"75 weight sets on {2 * len(CALLS)} calls: the best is a lead to time (bench_rule.py), not a result" in lines
+    table = [ln for ln in lines if ln.startswith("| ") and not ln.startswith("| weights")]
+    assert len(table) == 3 + len(cross.RULES)
+    cells = next(ln for ln in table if ln.startswith("| rule seqlen-apart |")).strip("| ").split(" | ")
+    assert cells[2] == "20.0 %"  # matrix 2: slow wherever seqlen-apart picks
+    assert next(ln for ln in table if ln.startswith("| rule weighted-1/2/0.5 |")).split(" | ")[1] == "20.0 %"
 
 
 def test_ranking_needs_no_optuna(tmp_path):
