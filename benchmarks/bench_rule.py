@@ -61,13 +61,6 @@ def moves_of(db_path: Path, rule: str, arch: str | None = None, ops: tuple[str, 
             if arch in (None, m.arch) and m.family_key.split(".", 1)[0] in ops]
 
 
-def sample(moves: list, max_calls: int) -> list:
-    """At most max_calls of the moves, one family after another in turn (tuner/moves.py
-    round_robin), so that a cap still reaches every family."""
-    from cc1d.tuner.moves import round_robin
-    return round_robin(moves, max_calls)[0]
-
-
 def summary(rows: list[dict]) -> list[dict]:
     """Per family, then over all: calls timed, faster / slower by more than 3 % under the
     candidate, failures, and the geometric mean of current / candidate time (above 1: the
@@ -105,13 +98,13 @@ def measure(args: argparse.Namespace) -> dict:
     from cc1d.tuner import evaluate
     from cc1d.tuner.db import TuningDB
     from cc1d.tuner.guard import check_moves, variants_of
-    from cc1d.tuner.moves import snapshot
+    from cc1d.tuner.moves import round_robin, snapshot
     from timing import gpu_and_db, write_json
 
     device, path = gpu_and_db("bench_rule.py", args.db, "--db", "--list")
     rt, arch = runtime(), device.target
     moves = moves_of(path, args.rule, arch, args.ops)
-    timed = sample(moves, args.max_calls)
+    timed = round_robin(moves, args.max_calls)[0]  # a cap still reaches every family
     with TuningDB(path, readonly=True) as db:
         variants = variants_of(snapshot(db))
     doc = dict(device=device.name, arch=arch, db=str(path), rule=args.rule, moved=len(moves), rows=[])

@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from cc1d.tuner.db import TuningDB
-from cc1d.tuner.moves import Move, round_robin, rule_moves, snapshot
+from cc1d.tuner.moves import rule_moves, snapshot
 from cc1d.tuner.serving import dispatch_rank, serve_from
-from cc1d.tuner.shapes import Shape
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "bench_rule.py"
@@ -95,17 +94,6 @@ def test_a_reader_leaving_early_ends_the_listing_without_a_traceback():
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 1 and "grid calls served another winner" in first
     assert err.strip() == "bench_rule.py: output closed before the end (a pipe's reader left)", err
-
-
-def _m(family, n):
-    return Move("sm_90", family, "bias,silu", (1, 64, n), "a", "b")
-
-
-def test_the_sample_takes_each_family_in_turn():
-    moves = [_m("fwd.cf.x", n) for n in range(5)] + [_m("bwd.cf.y", 9)] + [_m("fwd.cl.z", n) for n in range(3)]
-    got = rule_script.sample(moves, 6)
-    assert got == round_robin(moves, 6)[0]  # tests/test_moves.py checks the order
-    assert {m.family_key for m in got} == {"fwd.cf.x", "bwd.cf.y", "fwd.cl.z"}
 
 
 def test_the_summary_counts_per_family_and_overall():
