@@ -308,8 +308,11 @@ def load_matrix(path: Path, option: str) -> dict:
     """A matrix cross_serve.py wrote (--out), or SystemExit naming the option and the file."""
     try:
         matrix = json.loads(path.read_text())
-        for key in ("device", "arch", "family", "features", "rows", "calls"):
-            matrix[key]
+        if not isinstance(matrix, dict):
+            raise TypeError(f"a JSON {type(matrix).__name__}, not an object")
+        missing = [k for k in ("device", "arch", "family", "features", "rows", "calls") if k not in matrix]
+        if missing:
+            raise KeyError(missing[0])
         return matrix
     except (ValueError, KeyError, TypeError) as exc:
         raise SystemExit(f"{option} {path}: not a matrix that cross_serve.py wrote "
