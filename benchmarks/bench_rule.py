@@ -2,7 +2,7 @@
 under the winner each rule serves them.
 
 An untuned call runs the winner of the nearest tuned shape (docs/DISPATCH.md). A candidate
-rule (benchmarks/cross_serve.py RULES) ranks the same winners otherwise, and changes the
+rule (benchmarks/serving_rules.py RULES) ranks the same winners otherwise, and changes the
 kernel of some calls of every family. This lists those calls over tuner/moves.py's grid
 (rule_moves), takes a sample spread over the families (round robin, --max-calls), and
 times each under the variant the current rule serves and the one the candidate would,
@@ -21,7 +21,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from cross_serve import RULES, current_rank  # a sibling script: run as benchmarks/bench_rule.py
+from serving_rules import RULES, current_rank  # a sibling module: run as benchmarks/bench_rule.py
 
 REPO = Path(__file__).resolve().parents[1]
 OPS = ("fwd", "bwd")  # --ops' choices: the ops whose moved calls it lists and times

@@ -20,7 +20,7 @@ from cc1d.tuner.serving import dispatch_rank, serve_from
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "bench_rule.py"
 SHIPPED = REPO / "tuning_db" / "sm_90.db"
-sys.path.insert(0, str(SCRIPT.parent))  # its siblings cross_serve, bench_near and timing
+sys.path.insert(0, str(SCRIPT.parent))  # its siblings serving_rules and timing
 spec = importlib.util.spec_from_file_location("cc1d_bench_rule", SCRIPT)
 rule_script = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(rule_script)

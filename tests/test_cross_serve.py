@@ -1,5 +1,5 @@
-"""benchmarks/cross_serve.py: its options are checked before a GPU is touched; its `pick`
-under the current rule is the dispatcher's choice (tuner/serving.py served_winner, which
+"""benchmarks/cross_serve.py and serving_rules.py: its options are checked before a GPU is
+touched; `pick` under the current rule is the dispatcher's choice (tuner/serving.py served_winner, which
 test_shipped_db.py holds to the runtime's); `score` computes each rule's regret from a
 matrix, and counts the calls where the picked variant failed to run."""
 from __future__ import annotations
@@ -21,6 +21,7 @@ sys.path.insert(0, str(SCRIPT.parent))  # its sibling bench_near, as when run as
 spec = importlib.util.spec_from_file_location("cc1d_cross_serve", SCRIPT)
 cross = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(cross)
+import serving_rules as rules  # noqa: E402  (its sibling, found through the path above)
 
 FAMILY = "bwd.cf.bf16wbf16.w4"
 
@@ -60,9 +61,9 @@ def test_pick_under_the_current_rule_is_the_dispatchers_choice():
     assert len({r["variant_key"] for r in rows}) > 3
     with TuningDB(REPO / "tuning_db" / "sm_90.db", readonly=True) as db:
         for b, d, n in CALLS + [(r["batch"], r["dim"], r["seqlen"]) for r in rows]:
-            shape = cross._shape(family, b, d, n, ["bias", "silu"])
+            shape = rules.call_shape(family, b, d, n, ["bias", "silu"])
             want = served_winner(db, "sm_90", shape)
-            assert cross.pick(rows, shape, cross.current_rank, "sm_90")["shape_key"] == want["shape_key"], shape.key()
+            assert rules.pick(rows, shape, rules.current_rank, "sm_90")["shape_key"] == want["shape_key"], shape.key()
 
 
 @pytest.mark.parametrize("op, same_as", [("bwd", "weighted-1/2/0.5"), ("fwd", "product")])
@@ -73,11 +74,11 @@ def test_the_current_rule_is_the_backwards_weighted_one_and_the_forwards_product
     rows = _shipped_rows()
     moved = 0
     for b, d, n in CALLS:
-        shape = cross._shape(family, b, d, n, ["bias", "silu"])
+        shape = rules.call_shape(family, b, d, n, ["bias", "silu"])
         for r in rows:
-            assert cross.current_rank(shape, r, "sm_90")[2] == pytest.approx(cross.RULES[same_as](shape, r, "sm_90")[2])
+            assert rules.current_rank(shape, r, "sm_90")[2] == pytest.approx(rules.RULES[same_as](shape, r, "sm_90")[2])
         other = "product" if same_as != "product" else "weighted-1/2/0.5"
-        moved += cross.pick(rows, shape, cross.current_rank, "sm_90") != cross.pick(rows, shape, cross.RULES[other], "sm_90")
+        moved += rules.pick(rows, shape, rules.current_rank, "sm_90") != rules.pick(rows, shape, rules.RULES[other], "sm_90")
     assert moved > 0  # the two rules differ on this grid: the check above tells them apart
 
 
@@ -87,8 +88,8 @@ def _matrix(rows, slow_pick_of: str, fail_first: bool = False) -> dict:
     family = family_from_key(FAMILY)
     calls = []
     for i, (b, d, n) in enumerate(CALLS):
-        shape = cross._shape(family, b, d, n, ["bias", "silu"])
-        slow = cross.pick(rows, shape, cross.RULES[slow_pick_of], "sm_90")["variant_key"]
+        shape = rules.call_shape(family, b, d, n, ["bias", "silu"])
+        slow = rules.pick(rows, shape, rules.RULES[slow_pick_of], "sm_90")["variant_key"]
         times = {r["variant_key"]: 10.0 for r in rows}
         times[slow] = None if (fail_first and i == 0) else 12.0
         calls.append(dict(batch=b, dim=d, seqlen=n, times=times, errors={}, served=slow))
@@ -97,17 +98,17 @@ def _matrix(rows, slow_pick_of: str, fail_first: bool = False) -> dict:
 
 def test_score_gives_each_rule_its_regret():
     rows = _shipped_rows()
-    got = {s["rule"]: s for s in cross.score(_matrix(rows, "current"))}
-    assert set(got) == set(cross.RULES) == {"current", "product", "seqlen-apart", "weighted-1/2/0.5",
+    got = {s["rule"]: s for s in rules.score(_matrix(rows, "current"))}
+    assert set(got) == set(rules.RULES) == {"current", "product", "seqlen-apart", "weighted-1/2/0.5",
                                             "weighted-0.5/4/0"}
     cur = got["current"]
     assert (cur["calls"], cur["failed"], cur["within_5pct"]) == (len(CALLS), 0, 0)
     assert cur["mean"] == pytest.approx(0.2) and cur["worst"] == pytest.approx(0.2)
     # the other rule is slowed only where it picks what the current one picks
     family = family_from_key(FAMILY)
-    same = sum(cross.pick(rows, s, cross.current_rank, "sm_90")["variant_key"] ==
-               cross.pick(rows, s, cross.RULES["seqlen-apart"], "sm_90")["variant_key"]
-               for s in (cross._shape(family, b, d, n, ["bias", "silu"]) for b, d, n in CALLS))
+    same = sum(rules.pick(rows, s, rules.current_rank, "sm_90")["variant_key"] ==
+               rules.pick(rows, s, rules.RULES["seqlen-apart"], "sm_90")["variant_key"]
+               for s in (rules.call_shape(family, b, d, n, ["bias", "silu"]) for b, d, n in CALLS))
     assert 0 < same < len(CALLS)  # the rules differ somewhere on this grid, and agree somewhere
     other = got["seqlen-apart"]
     assert other["mean"] == pytest.approx(0.2 * same / len(CALLS))
@@ -116,7 +117,7 @@ def test_score_gives_each_rule_its_regret():
 
 def test_a_picked_variant_that_failed_is_counted_not_timed():
     rows = _shipped_rows()
-    cur = {s["rule"]: s for s in cross.score(_matrix(rows, "current", fail_first=True))}["current"]
+    cur = {s["rule"]: s for s in rules.score(_matrix(rows, "current", fail_first=True))}["current"]
     assert (cur["calls"], cur["failed"]) == (len(CALLS) - 1, 1)
     assert cur["mean"] == pytest.approx(0.2)
 
@@ -134,11 +135,11 @@ def test_score_option_prints_the_table(tmp_path):
 def test_weight_search_scores_every_triple_of_the_grid():
     rows = _shipped_rows()
     matrices = [_matrix(rows, "weighted-1/2/0.5"), _matrix(rows, "product")]
-    found = cross.weight_search(matrices)
+    found = rules.weight_search(matrices)
     assert len(found) == 3 * 5 * 5 and len({r["weights"] for r in found}) == len(found)
     assert [r["total"] for r in found] == sorted(r["total"] for r in found)
     mine = next(r for r in found if r["weights"] == (1, 2, 0.5))  # the backward's rule: slow where it picks
-    assert mine["means"] == pytest.approx([0.2, [s for s in cross.score(matrices[1])
+    assert mine["means"] == pytest.approx([0.2, [s for s in rules.score(matrices[1])
                                                  if s["rule"] == "weighted-1/2/0.5"][0]["mean"]])
     assert found[0]["total"] < mine["total"]  # other triples pick otherwise somewhere
 
@@ -154,7 +155,7 @@ def test_weights_option_prints_the_best_sets_and_the_rules(tmp_path):
     lines = res.stdout.splitlines()
     assert f"75 weight sets on {2 * len(CALLS)} calls: the best is a lead to time (bench_rule.py), not a result" in lines
     table = [ln for ln in lines if ln.startswith("| ") and not ln.startswith("| weights")]
-    assert len(table) == 3 + len(cross.RULES)
+    assert len(table) == 3 + len(rules.RULES)
     cells = next(ln for ln in table if ln.startswith("| rule seqlen-apart |")).strip("| ").split(" | ")
     assert cells[2] == "20.0 %"  # matrix 2: slow wherever seqlen-apart picks
     assert next(ln for ln in table if ln.startswith("| rule weighted-1/2/0.5 |")).split(" | ")[1] == "20.0 %"
@@ -245,8 +246,8 @@ def _loo_rows() -> list[dict]:
 
 def _loo_pick(rows, entry, rank):
     family = family_from_key(FAMILY)
-    shape = cross._shape(family, entry["batch"], entry["dim"], entry["seqlen"], entry["features"].split(","))
-    return cross.pick([r for r in rows if r["shape_key"] != entry["shape_key"]], shape, rank, "sm_90")["variant_key"]
+    shape = rules.call_shape(family, entry["batch"], entry["dim"], entry["seqlen"], entry["features"].split(","))
+    return rules.pick([r for r in rows if r["shape_key"] != entry["shape_key"]], shape, rank, "sm_90")["variant_key"]
 
 
 def _trials_db(path, rows, entries, epoch_of=lambda r: r["epoch"], missing=None):
@@ -254,7 +255,7 @@ def _trials_db(path, rows, entries, epoch_of=lambda r: r["epoch"], missing=None)
     current rule picks with the entry left out 13 µs (or no trial of it, for `missing`)."""
     with TuningDB(path) as db:
         for e in entries:
-            slow = _loo_pick(rows, e, cross.current_rank)
+            slow = _loo_pick(rows, e, rules.current_rank)
             for v in {r["variant_key"] for r in rows}:
                 if e is missing and v == slow:
                     continue
@@ -267,17 +268,17 @@ def _trials_db(path, rows, entries, epoch_of=lambda r: r["epoch"], missing=None)
 def test_loo_scores_each_rule_where_the_trials_time_its_pick(tmp_path):
     rows = _loo_rows()
     entries = [r for r in rows if r["features"] == "bias,silu"][:6]
-    times = cross.trial_times([_trials_db(tmp_path / "t.db", rows, entries, missing=entries[0])], "sm_90", FAMILY,
+    times = rules.trial_times([_trials_db(tmp_path / "t.db", rows, entries, missing=entries[0])], "sm_90", FAMILY,
                               {r["shape_key"]: r["epoch"] for r in rows})
-    assert cross.trial_times([tmp_path / "t.db"], "gfx942", FAMILY, {r["shape_key"]: r["epoch"] for r in rows}) == {}
+    assert rules.trial_times([tmp_path / "t.db"], "gfx942", FAMILY, {r["shape_key"]: r["epoch"] for r in rows}) == {}
     assert set(times) == {e["shape_key"] for e in entries}
-    got = {s["rule"]: s for s in cross.loo_score(rows, times, "sm_90")}
+    got = {s["rule"]: s for s in rules.loo_score(rows, times, "sm_90")}
     cur = got["current"]
     assert (cur["calls"], cur["unknown"], cur["within_5pct"]) == (5, 1, 0)  # the first one's pick: no trial
     assert cur["mean"] == pytest.approx(0.3) and cur["worst"] == pytest.approx(0.3)
     for name in ("product", "seqlen-apart", "weighted-1/2/0.5", "weighted-0.5/4/0"):
-        rank = cross.RULES[name]
-        same = [_loo_pick(rows, e, rank) == _loo_pick(rows, e, cross.current_rank) for e in entries]
+        rank = rules.RULES[name]
+        same = [_loo_pick(rows, e, rank) == _loo_pick(rows, e, rules.current_rank) for e in entries]
         other = got[name]
         assert (other["calls"], other["unknown"]) == (6 - same[0], int(same[0]))  # unknown: the same missing pick
         assert other["mean"] * other["calls"] == pytest.approx(0.3 * sum(same[1:]))
@@ -287,7 +288,7 @@ def test_loo_leaves_out_trials_of_another_epoch(tmp_path):
     rows = _loo_rows()
     entries = [r for r in rows if r["features"] == "bias,silu"][:2]
     path = _trials_db(tmp_path / "t.db", rows, entries, epoch_of=lambda r: r["epoch"] - 1)
-    assert cross.trial_times([path], "sm_90", FAMILY, {r["shape_key"]: r["epoch"] for r in rows}) == {}
+    assert rules.trial_times([path], "sm_90", FAMILY, {r["shape_key"]: r["epoch"] for r in rows}) == {}
 
 
 def test_loo_option_prints_the_table(tmp_path):
