@@ -42,17 +42,18 @@ def weights_rank(batch: float, seqlen: float, dim: float) -> Callable:
     return rank
 
 
-# The rules --score, --loo and bench_rule.py compare. seqlen-apart: a kernel's fit to its
+# The rules cross_serve.py's --score and --loo and bench_rule.py compare. seqlen-apart: a kernel's fit to its
 # sequence (segments, tiles) does not carry over to a batch of the same work. weighted-1/2/0.5:
 # the best of 27 weight sets on session 66's matrix (7.1 % against product's 8.6 %); 7.0 %
 # against 19.8 % on session 67's leave-one-out trials, 16.6 % against 21.2 % on session 68's
 # fresh grid; the dispatcher's backward rule since session 68 (moved forward calls lost).
-# weighted-0.5/4/0: the best sum of --weights' 75 sets on sessions 66's and 68's matrices
-# (7.0 / 11.5 %), 48 calls for 75 sets: a lead for bench_rule.py, not a result.
+# weighted-0.5/4/0: the best sum of cross_serve.py --weights' 75 sets on sessions 66's and
+# 68's matrices (7.0 / 11.5 %; left one out, 7.3 % against 7.0 %), 48 calls for 75 sets: a
+# lead for bench_rule.py, not a result.
 RULES: dict[str, Callable] = {"current": current_rank, "product": product_rank,
                               "seqlen-apart": weights_rank(1, 2, 1), "weighted-1/2/0.5": weights_rank(1, 2, 0.5),
                               "weighted-0.5/4/0": weights_rank(0.5, 4, 0)}
-# --weights' grid: every (batch, seqlen, dim) weight triple of these.
+# cross_serve.py --weights' grid: every (batch, seqlen, dim) weight triple of these.
 WEIGHT_GRID = ((0.5, 1, 2), (0.5, 1, 2, 3, 4), (0, 0.25, 0.5, 1, 2))
 
 
