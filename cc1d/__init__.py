@@ -22,6 +22,7 @@ _TORCH_API = {
     "causal_conv1d_varlen_ref": "cc1d.reference",
     "causal_conv1d_varlen_states_ref": "cc1d.reference",
     "explain": "cc1d.ops",
+    "explain_bwd": "cc1d.backward",
     "warmup": "cc1d._warmup",
     "causal_conv1d_fwd": "cc1d.aiter",
     "causal_conv1d_update": "cc1d.update",

@@ -15,6 +15,7 @@ import torch
 
 from . import _checks as C
 from . import ops
+from ._planned import PlannedBuffer
 from ._runtime import runtime
 
 _FN = "causal_conv1d_bwd"
@@ -27,7 +28,7 @@ def _layout(t: torch.Tensor) -> Optional[str]:
 
 def _validate_bwd(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, activation,
                   require_device: bool = True):
-    silu = ops._validate(x, weight, bias, seq_idx, initial_states, None, activation, require_device)
+    silu = ops._validate(x, weight, bias, seq_idx, initial_states, None, activation, require_device, fn=_FN)
     C.check_tensor(_FN, "dout", dout, 3)
     C.check_shape(_FN, "dout", dout, tuple(x.shape), "batch, dim, seqlen")
     C.check_device(_FN, "dout", dout, x.device)
@@ -71,6 +72,39 @@ def _bwd_call_args(x, weight, bias, seq_idx, initial_states, dout, dfinal_states
                *st(dfinal_states, 3), *st(dis, 3), *dweight.stride(), 0 if dbias is None else dbias.stride(0))
     return (ptrs, (batch, dim, seqlen, weight.shape[1]), strides, C.DTYPE_CODES[x.dtype],
             C.DTYPE_CODES[weight.dtype], silu)
+
+
+def explain_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], dout: torch.Tensor,
+                seq_idx: Optional[torch.Tensor] = None, initial_states: Optional[torch.Tensor] = None,
+                dfinal_states: Optional[torch.Tensor] = None, dx: Optional[torch.Tensor] = None,
+                return_dinitial_states: bool = False, activation: Optional[str] = None, *,
+                arch: Optional[str] = None) -> dict:
+    """Which kernel ``causal_conv1d_bwd`` would launch for these arguments, and why: the
+    dict of ``cc1d.explain``. Allocates, copies and launches nothing; ``arch`` (e.g.
+    "sm_90") overrides the target of x's device, and lets CPU tensors be explained. The
+    autograd backward of ``causal_conv1d_fn`` takes the kernel this names for its x,
+    weight, bias, seq_idx and initial_states, with dout laid out like x."""
+    silu = _validate_bwd(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, activation,
+                         require_device=arch is None)
+    if return_dinitial_states and initial_states is None:
+        C.fail(_FN, "return_dinitial_states", "initial_states to be given", "initial_states=None")
+    layout = _layout(x)
+    if layout is None:  # causal_conv1d_bwd would run x.contiguous()
+        x, layout = ops._Planned(False, x.shape, x.dtype, slot=0), "cf"
+    cl = layout == "cl"
+    # the buffers causal_conv1d_bwd would allocate, each in a slot of its own (_backward_planned)
+    if _layout(dout) != layout:  # copied to x's layout
+        dout = ops._Planned(cl, x.shape, x.dtype, slot=1)
+    if dx is None or _layout(dx) != layout:
+        dx = ops._Planned(cl, x.shape, x.dtype, slot=2)
+    batch, dim, _ = x.shape
+    width = weight.shape[1]
+    dweight = PlannedBuffer((width, 1), slot=3)
+    dbias = None if bias is None else PlannedBuffer((1,), slot=4)
+    dis = PlannedBuffer((dim * (width - 1), width - 1, 1), slot=5) if return_dinitial_states else None
+    args = _bwd_call_args(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx, dis, dweight, dbias,
+                          None, silu)
+    return runtime().explain_bwd(*args, arch=arch or "")
 
 
 def _new_output(shape, dtype, device) -> torch.Tensor:
@@ -227,7 +261,7 @@ def causal_conv1d_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
     except Exception:  # not tensors, or metadata that does not hash: _validate_bwd says what is wrong
         key = plan = None
     if plan is not None:  # the checks the key does not cover, in _validate_bwd's order
-        silu = C.check_activation(ops._FN, activation)
+        silu = C.check_activation(_FN, activation)
         if dx is not None:
             _check_dx_apart(x, dout, dx)
     else:

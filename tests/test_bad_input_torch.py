@@ -612,9 +612,7 @@ def fwd_call(t: dict, on_gpu: bool):
 def bwd_call(t: dict, on_gpu: bool):
     if on_gpu:
         return cc1d.causal_conv1d_bwd(**t)
-    return backward._validate_bwd(t["x"], t["weight"], t.get("bias"), t["dout"], t.get("seq_idx"),
-                                  t.get("initial_states"), t.get("dfinal_states"), t.get("dx"),
-                                  t.get("activation"), require_device=False)
+    return cc1d.explain_bwd(**t, arch="sm_90")
 
 
 def upd_call(t: dict, on_gpu: bool):
@@ -775,6 +773,9 @@ def _expect_error(fn: str, row: Row, t: dict, on_gpu: bool) -> None:
     with pytest.raises(row.exc) as info:
         RUNNERS[fn].call(t, on_gpu)
     msg = str(info.value)
+    # a message from the Python checks starts with the function called, never with another one
+    # (the runtime's own messages name the argument only)
+    assert not any(msg.startswith(f"{other}:") for other in RUNNERS if other != fn), f"{fn} called: {msg}"
     assert f"{row.arg}:" in msg or f"{row.arg} " in msg, f"message does not name {row.arg}: {msg}"
     assert row.words in msg, msg
 
