@@ -157,7 +157,8 @@ def measure(args: argparse.Namespace) -> dict:
                     cands["peer"] = theirs
                 times = graph_times_us(cands, setup=setup)
                 row = dict(family=m.family_key, features=m.features, call=[b, d, n], copy_frac_after=None,
-                           before_variant=m.before, after_variant=m.after, entry=m.entry)
+                           before_variant=m.before, after_variant=m.after, entry=m.entry,
+                           after_shape=m.after_shape)
                 for name, t in times.items():
                     row[f"{name}_us" if isinstance(t, float) else f"{name}_error"] = t
                 if row.get("after_us"):
@@ -251,6 +252,23 @@ def write_shapes(path: Path, doc: dict, rows: list[dict]) -> None:
     write_whole(path, "\n".join(lines) + "\n")
 
 
+def by_entry(rows: list[dict]) -> list[dict]:
+    """The timed calls grouped by the tuned shape whose winner serves them after (the entry
+    that took them over; an entry's own call counts with it), most slowed first: how many,
+    how many slowed (slowed_rows), and the geometric mean of after vs before over those
+    timed through both DBs (None where none was)."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["family"], r.get("after_shape") or "?"), []).append(r)
+    out = []
+    for (family, shape), rs in groups.items():
+        speeds = [r["after_vs_before"] for r in rs if r["after_vs_before"] is not None]
+        geo = math.exp(sum(map(math.log, speeds)) / len(speeds)) if speeds else None
+        out.append(dict(family=family, shape=shape, calls=len(rs), slowed=len(slowed_rows({"rows": rs})),
+                        geomean=geo))
+    return sorted(out, key=lambda g: (-g["slowed"], g["geomean"] if g["geomean"] is not None else 0.0))
+
+
 def print_table(doc: dict) -> None:
     print(f"\n{doc['device']}; copy ceiling {doc['copy_gbps']:.0f} GB/s; causal_conv1d "
           f"{doc['peer_version'] or 'not installed'}; before {doc['before']}, after {doc['after']}")
@@ -259,6 +277,11 @@ def print_table(doc: dict) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for row in sorted(doc["rows"], key=lambda r: r["after_vs_before"] or 0.0):
         print(line(row))
+    print("\n| family | served after by the entry | calls timed | slowed > 3 % or failing | "
+          "geometric mean speed after vs before |")
+    print("|---|---|---|---|---|")
+    for g in by_entry(doc["rows"]):
+        print(f"| {g['family']} | {g['shape']} | {g['calls']} | {g['slowed']} | {_x(g['geomean'])} |")
     slower = slowed_rows(doc)
     print(f"{len(doc['rows'])} calls timed, {len(slower)} slowed after (more than 3 %, or failing); "
           f"{len(doc['not_timed'])} not timed")

@@ -113,8 +113,8 @@ def measure(args: argparse.Namespace) -> dict:
     def on_check(c) -> None:
         m = c.move
         doc["rows"].append(dict(family=m.family_key, features=m.features, call=list(m.call), current=m.before,
-                                candidate=m.after, current_us=c.before_us, candidate_us=c.after_us,
-                                error=c.error))
+                                candidate=m.after, candidate_shape=m.after_shape, current_us=c.before_us,
+                                candidate_us=c.after_us, error=c.error))
         bar.update(1)
         tqdm.write(line(doc["rows"][-1]))
         if args.out:  # after every call: a run that is stopped keeps what it measured

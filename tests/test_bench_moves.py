@@ -132,6 +132,21 @@ def test_plan_times_the_entries_first_then_each_family_in_turn():
     assert [m.entry for m in timed] == [True] and len(rest) == 5
 
 
+def test_the_timed_calls_are_grouped_by_the_entry_serving_them_after():
+    def row(shape, before, after, family="bwd.cf.bf16wbf16.w4"):
+        return dict(family=family, after_shape=shape, before_us=before, after_us=after,
+                    after_vs_before=moves_script.ratio(before, after))
+    rows = [row("b1.d64.l512", 10.0, 8.0), row("b1.d64.l512", 10.0, 12.5), row("b4.d64.l128", 10.0, 10.1),
+            row("b4.d64.l128", 10.0, None), row("b4.d64.l128", 10.0, 9.0, family="fwd.cf.bf16wbf16.w4")]
+    got = moves_script.by_entry(rows)
+    # most slowed first, then the slowest geometric mean
+    assert [(g["family"][:3], g["shape"], g["calls"], g["slowed"]) for g in got] == [
+        ("bwd", "b4.d64.l128", 2, 1), ("bwd", "b1.d64.l512", 2, 1), ("fwd", "b4.d64.l128", 1, 0)]
+    assert got[0]["geomean"] == pytest.approx(10 / 10.1)  # the failed call is counted slowed, not timed
+    assert got[1]["geomean"] == pytest.approx((1.25 * 0.8) ** 0.5)
+    assert moves_script.by_entry([row("x", None, 5.0)])[0]["geomean"] is None
+
+
 def test_ratio_is_none_where_a_time_is_missing():
     assert moves_script.ratio(30.0, 20.0) == 1.5
     assert moves_script.ratio(None, 20.0) is None and moves_script.ratio(30.0, float("nan")) is None

@@ -56,7 +56,7 @@ def test_a_new_winner_takes_the_calls_nearest_to_it(a_then_ab, shipped_rows):
     assert (2, 4096, 2048) not in calls and (4, 4096, 8192) not in calls  # tuned shapes are their own
     assert (1, 4096, 2048) not in calls and (2, 4096, 1000) not in calls  # still nearest to A
     assert (16, 4096, 2048) not in calls and (1, 4096, 4096) not in calls  # B's work, A's seqlen or nearer
-    assert all((m.before, m.after) == (va, vb) for m in moves)
+    assert all((m.before, m.after, m.after_shape) == (va, vb, B) for m in moves)  # B's winner serves them
     assert moved_calls(after, after) == []  # nothing changed, nothing moved
 
 
@@ -65,6 +65,7 @@ def test_a_new_entry_is_listed_with_what_served_its_call_before(a_then_ab, shipp
     before, after = a_then_ab
     va, vb = rows[A]["variant_key"], rows[B]["variant_key"]
     assert changed_entries(before, after) == [Move("sm_90", FAMILY, "bias,silu", (4, 4096, 8192), va, vb, entry=True)]
+    assert changed_entries(before, after)[0].after_shape == B  # its own winner serves it
     assert changed_entries(after, after) == []  # the same winners: nothing changed
     first = changed_entries({}, after)  # a new family: both entries, from the catalog's default
     assert [(m.call, m.before, m.entry) for m in first] == [((2, 4096, 2048), None, True), ((4, 4096, 8192), None, True)]

@@ -261,3 +261,13 @@ def test_a_deadline_must_be_positive(tmp_path, capsys, value):
     shapes.write_text(THREE_SHAPES)
     code, _, err = run(["--shapes", shapes, "--arch", "sm_90", "--deadline-s", value], capsys, probe=lambda: H100)
     assert code == 2 and "--deadline-s: expected a positive number of seconds, got" in err, err
+
+
+def test_a_checked_call_names_the_entry_that_serves_it_after():
+    fam = "bwd.cf.bf16wbf16.w4"
+    m = Move("sm_90", fam, "bias,silu", (2, 64, 1000), f"{fam}.t64.v16.n4.r1.g128.s2048",
+             f"{fam}.t128.v16.n8.r4.g96.s512", after_shape="b1.d64.l512.bias.silu")
+    text = Check(m, 10.0, 12.0).describe()
+    assert text == (f"{fam} b2.d64.l1000.bias.silu: t64.v16.n4.r1.g128.s2048 10.0 µs -> t128.v16.n8.r4.g96.s512 "
+                    "(the b1.d64.l512.bias.silu entry's) 12.0 µs SLOWED")
+    assert "entry's" not in Check(Move("sm_90", fam, "bias,silu", (2, 64, 1000), None, m.after), None, 5.0).describe()

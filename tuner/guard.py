@@ -56,8 +56,9 @@ class Check:
             return f"{t:.1f} µs" if t is not None else "failed"
         before = f"{short_variant(self.move.before, fam)} {us(self.before_us)}" if self.move.before else "(catalog)"
         note = f" ({self.error})" if self.error else ""
-        return (f"{fam} {self.shape.key()}: {before} -> {short_variant(self.move.after, fam)} {us(self.after_us)}"
-                f"{' SLOWED' if self.slowed else ''}{note}")
+        by = f" (the {self.move.after_shape} entry's)" if self.move.after_shape else ""
+        return (f"{fam} {self.shape.key()}: {before} -> {short_variant(self.move.after, fam)}{by} "
+                f"{us(self.after_us)}{' SLOWED' if self.slowed else ''}{note}")
 
 
 def shapes_entry(shape: Shape) -> str:

@@ -11,7 +11,7 @@ grid of each changed forward or backward family), so those calls can be timed
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import product, zip_longest
 from typing import Any, Callable, Iterator
 
@@ -35,6 +35,8 @@ class Move:
     before: str | None          # the variant served before (None: no winner of the family)
     after: str
     entry: bool = False         # the call is a tuned shape after (its own winner serves it)
+    # the tuned shape whose winner serves the call after (not part of the move's identity)
+    after_shape: str = field(default="", compare=False)
 
     def text(self) -> str:
         """One line naming the call and its two variants (the listings of benchmarks/bench_moves.py
@@ -86,10 +88,11 @@ def moved_calls(before: Rows, after: Rows) -> list[Move]:
         if _signature(old) == _signature(rows):
             continue
         for feats, call, shape in grid_calls(fkey, rows):
-            new = serve_from(rows, arch, shape)["variant_key"]
+            served = serve_from(rows, arch, shape)
             was = serve_from(old, arch, shape)["variant_key"] if old else None
-            if was != new:
-                moves.append(Move(arch, fkey, feats, call, was, new))
+            if was != served["variant_key"]:
+                moves.append(Move(arch, fkey, feats, call, was, served["variant_key"],
+                                  after_shape=served["shape_key"]))
     return moves
 
 
@@ -101,9 +104,10 @@ def rule_moves(rows: Rows, rank_before: Callable, rank_after: Callable) -> list[
     for (arch, fkey), family_rows in sorted(rows.items()):
         for feats, call, shape in grid_calls(fkey, family_rows):
             was = serve_from(family_rows, arch, shape, rank_before)["variant_key"]
-            new = serve_from(family_rows, arch, shape, rank_after)["variant_key"]
-            if was != new:
-                moves.append(Move(arch, fkey, feats, call, was, new))
+            served = serve_from(family_rows, arch, shape, rank_after)
+            if was != served["variant_key"]:
+                moves.append(Move(arch, fkey, feats, call, was, served["variant_key"],
+                                  after_shape=served["shape_key"]))
     return moves
 
 
@@ -132,7 +136,7 @@ def changed_entries(before: Rows, after: Rows) -> list[Move]:
             was = serve_from(old, arch, shape)["variant_key"] if old else None
             if was != r["variant_key"]:
                 moves.append(Move(arch, fkey, r["features"], (r["batch"], r["dim"], r["seqlen"]), was,
-                                  r["variant_key"], entry=True))
+                                  r["variant_key"], entry=True, after_shape=r["shape_key"]))
     return moves
 
 
