@@ -9,7 +9,8 @@ and times each through both DBs and the peer, their CUDA graph replays interleav
 process (timing.graph_times_us): the dispatcher is pointed at a folder holding only the
 one DB before each is captured. Forward and backward calls are timed, with any of their
 features (inputs as the tuner makes them, tuner/problems.py); decode-update and varlen
-calls are listed as not timed.
+calls are listed as not timed. The table is followed by the calls grouped by the entry
+whose winner serves them after, most slowed first: which entry to re-tune or drop.
 
     python benchmarks/bench_moves.py --before OLD.db [--after NEW.db] [--max-calls 40] [--out m.json]
     python benchmarks/bench_moves.py --before OLD.db [--after NEW.db] --list        # no GPU
