@@ -106,6 +106,37 @@ def test_db_merge_prints_the_calls_it_moved(tmp_path, shipped_rows, capsys):
     assert "merged 0 winners" in out and "the new winners take" not in out
 
 
+def test_db_drop_deletes_one_winner_and_prints_the_calls_it_gives_back(tmp_path, shipped_rows, capsys):
+    path = _db(tmp_path / "ab.db", shipped_rows, [A, B])
+    with TuningDB(path) as db:
+        with_b = snapshot(db)
+    with TuningDB(_db(tmp_path / "a.db", shipped_rows, [A])) as db:
+        n = len(moved_calls(with_b, snapshot(db)))
+    assert main(["db", "drop", "--db", str(path), "--family", FAMILY, "--shape", B]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"dropped sm_90 {FAMILY} {B} ({shipped_rows[0][B]['variant_key']}) from {path}")
+    assert lines[1].startswith(f"dropping it moves {n} untuned calls of a grid") and n > 0
+    with TuningDB(path, readonly=True) as db:
+        assert [r["shape_key"] for r in db.winners()] == [A]
+    # a second time: nothing to drop, and the DB says what it holds
+    assert main(["db", "drop", "--db", str(path), "--family", FAMILY, "--shape", B, "--arch", "sm_90"]) == 2
+    assert f"no winner of {FAMILY} at {B} on sm_90; its 1 shapes of {FAMILY} on sm_90 include {A}" in \
+        capsys.readouterr().err
+
+
+def test_db_drop_needs_the_arch_where_two_hold_the_shape(tmp_path, shipped_rows, capsys):
+    rows, sources = shipped_rows
+    path = _db(tmp_path / "a.db", shipped_rows, [A])
+    with TuningDB(path) as db:
+        db.put_winner(sources[A], **{**{c: v for c, v in rows[A].items() if c != "source_hash"}, "arch": "sm_100"})
+    assert main(["db", "drop", "--db", str(path), "--family", FAMILY, "--shape", A]) == 2
+    err = capsys.readouterr().err
+    assert f"drop: {FAMILY} {A} is held for sm_100, sm_90 in {path}: name one with --arch" in err, err
+    assert main(["db", "drop", "--db", str(path), "--family", FAMILY, "--shape", A, "--arch", "sm_100"]) == 0
+    with TuningDB(path, readonly=True) as db:
+        assert [r["arch"] for r in db.winners()] == ["sm_90"]
+
+
 def _m(family, n, arch="sm_90"):
     return Move(arch, family, "bias,silu", (1, 64, n), "a", "b")
 

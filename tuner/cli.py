@@ -104,7 +104,9 @@ def db_parser() -> argparse.ArgumentParser:
                                    "timed (a forward's or update's fixed kernel, a backward's seq_idx build; "
                                    "configs and times kept)"),
                       ("finalize", "validate, then make the DB one self-contained file for shipping "
-                                   "(VACUUM, WAL folded in, journal_mode=DELETE)")):
+                                   "(VACUUM, WAL folded in, journal_mode=DELETE)"),
+                      ("drop", "delete one winner (an entry that slows the calls it took over) and list the "
+                                "calls that go back to another entry")):
         s = sub.add_parser(name, help=doc)
         s.add_argument("--db", default=None, help=f"tuning DB (default: {default_db_path()})")
         if name == "rerender":
@@ -126,6 +128,10 @@ def db_parser() -> argparse.ArgumentParser:
         if name == "import-report":
             s.add_argument("report", help="the run's --report JSON")
             s.add_argument("--shapes", required=True, help="the shapes file the run used")
+        if name == "drop":
+            s.add_argument("--family", required=True, help="family key, e.g. bwd.cf.bf16wbf16.w4")
+            s.add_argument("--shape", required=True, help="shape key, e.g. b2.d4096.l2048.bias.silu")
+            s.add_argument("--arch", default=None, help="the winner's arch (default: the one arch holding it)")
         if name in ("import", "merge"):
             s.add_argument("inputs", nargs="+", help="exported .jsonl files" if name == "import" else "DB files")
         if name == "merge":
@@ -513,6 +519,18 @@ def db_main(argv: Sequence[str]) -> int:
                     n += db.merge_from(other, replace=args.replace)
             print(f"merged {n} winners into {path}")
             report_moves(db, before, sys.stdout)
+        elif args.cmd == "drop":
+            archs = [args.arch] if args.arch else sorted(
+                {w["arch"] for w in db.winners() if (w["family_key"], w["shape_key"]) == (args.family, args.shape)})
+            if len(archs) != 1:
+                raise UsageError(f"drop: {args.family} {args.shape} is held for {', '.join(archs)} in {path}: "
+                                 "name one with --arch" if archs else
+                                 f"drop: no winner of {args.family} at {args.shape} in {path}")
+            before = snapshot(db)
+            row = db.drop_winner(archs[0], args.family, args.shape)
+            print(f"dropped {archs[0]} {args.family} {args.shape} ({row['variant_key']}) from {path}; remove the "
+                  "shape from its shapes file too, or a re-tune brings it back")
+            report_moves(db, before, sys.stdout, lead="dropping it moves")
         elif args.cmd == "rerender":
             rt = _runtime()
             ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None

@@ -352,6 +352,22 @@ class TuningDB:
         the timing method changed) do not compare, and the newer run is the one to keep."""
         return self.import_lines(other.export_lines(with_trials=True), keep_faster=not replace)
 
+    def drop_winner(self, arch: str, family_key: str, shape_key: str) -> dict:
+        """Delete one winner (its source stays until drop_unused_sources) and return its row;
+        DBError naming what the DB holds where it has no such winner."""
+        row = self.winner(arch, family_key, shape_key)
+        if row is None:
+            held = [r[0] for r in self.conn.execute(
+                "SELECT shape_key FROM winners WHERE arch = ? AND family_key = ? ORDER BY shape_key",
+                (arch, family_key))]
+            near = f"; its {len(held)} shapes of {family_key} on {arch} include {', '.join(held[:5])}" if held else \
+                f"; it holds no winner of {family_key} on {arch}"
+            raise DBError(f"tuning DB {self.path}: no winner of {family_key} at {shape_key} on {arch}{near}")
+        with self.transaction():
+            self.conn.execute("DELETE FROM winners WHERE arch = ? AND family_key = ? AND shape_key = ?",
+                              (arch, family_key, shape_key))
+        return row
+
     def drop_unused_sources(self) -> int:
         """Delete the sources no winner uses (a replaced winner leaves its source behind);
         returns how many went."""

@@ -140,14 +140,15 @@ def changed_entries(before: Rows, after: Rows) -> list[Move]:
     return moves
 
 
-def describe(moves: list[Move], examples: int = 3) -> list[str]:
-    """Lines for the CLI: per family and feature set, how many calls moved and a few of them."""
+def describe(moves: list[Move], examples: int = 3, lead: str = "the new winners take") -> list[str]:
+    """Lines for the CLI: per family and feature set, how many calls moved and a few of them
+    (`lead`: what moved them, "the new winners take" N calls...)."""
     if not moves:
         return []
     groups: dict[tuple[str, str, str], list[Move]] = defaultdict(list)
     for m in moves:
         groups[(m.arch, m.family_key, m.features)].append(m)
-    lines = [f"the new winners take {len(moves)} untuned calls of a grid (batch {GRID_BATCHES[0]}-"
+    lines = [f"{lead} {len(moves)} untuned calls of a grid (batch {GRID_BATCHES[0]}-"
              f"{GRID_BATCHES[-1]}, the tuned dims, seqlen {GRID_LENGTHS[0]}-{GRID_LENGTHS[-1]}) from the kernel "
              f"that served them: time them before shipping (benchmarks/bench_moves.py --before <a copy of the DB "
              f"from before> --after <this DB>)"]
@@ -165,7 +166,7 @@ def short_variant(variant_key: str | None, family_key: str) -> str:
     return variant_key[len(family_key) + 1:] if variant_key.startswith(family_key + ".") else variant_key
 
 
-def report_moves(db: TuningDB, before: Rows, out: Any) -> None:
+def report_moves(db: TuningDB, before: Rows, out: Any, lead: str = "the new winners take") -> None:
     """Print (to `out`, a file) what the change since `before` moved."""
-    for line in describe(moved_calls(before, snapshot(db))):
+    for line in describe(moved_calls(before, snapshot(db)), lead=lead):
         print(line, file=out)
