@@ -135,6 +135,8 @@ def test_db_drop_needs_the_arch_where_two_hold_the_shape(tmp_path, shipped_rows,
     assert main(["db", "drop", "--db", str(path), "--family", FAMILY, "--shape", A, "--arch", "sm_100"]) == 0
     with TuningDB(path, readonly=True) as db:
         assert [r["arch"] for r in db.winners()] == ["sm_90"]
+    assert f"holds no other winner of {FAMILY} on sm_100: its calls take the next DB's winners" in \
+        capsys.readouterr().out
 
 
 def _m(family, n, arch="sm_90"):

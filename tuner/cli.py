@@ -530,7 +530,11 @@ def db_main(argv: Sequence[str]) -> int:
             row = db.drop_winner(archs[0], args.family, args.shape)
             print(f"dropped {archs[0]} {args.family} {args.shape} ({row['variant_key']}) from {path}; remove the "
                   "shape from its shapes file too, or a re-tune brings it back")
-            report_moves(db, before, sys.stdout, lead="dropping it moves")
+            if any(w["family_key"] == args.family for w in db.winners(archs[0])):
+                report_moves(db, before, sys.stdout, lead="dropping it moves")
+            else:  # moves are counted within a family's winners: there are none left to count
+                print(f"{path} holds no other winner of {args.family} on {archs[0]}: its calls take the next "
+                      "DB's winners along the lookup chain, or the catalog's default")
         elif args.cmd == "rerender":
             rt = _runtime()
             ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
