@@ -87,12 +87,8 @@ def moved_calls(before: Rows, after: Rows) -> list[Move]:
         old = before.get((arch, fkey), [])
         if _signature(old) == _signature(rows):
             continue
-        for feats, call, shape in grid_calls(fkey, rows):
-            served = serve_from(rows, arch, shape)
-            was = serve_from(old, arch, shape)["variant_key"] if old else None
-            if was != served["variant_key"]:
-                moves.append(Move(arch, fkey, feats, call, was, served["variant_key"],
-                                  after_shape=served["shape_key"]))
+        moves += _grid_moves(arch, fkey, rows, lambda s: serve_from(old, arch, s)["variant_key"] if old else None,
+                             lambda s: serve_from(rows, arch, s))
     return moves
 
 
@@ -102,12 +98,21 @@ def rule_moves(rows: Rows, rank_before: Callable, rank_after: Callable) -> list[
     the dispatcher's rule would move, the winners unchanged."""
     moves = []
     for (arch, fkey), family_rows in sorted(rows.items()):
-        for feats, call, shape in grid_calls(fkey, family_rows):
-            was = serve_from(family_rows, arch, shape, rank_before)["variant_key"]
-            served = serve_from(family_rows, arch, shape, rank_after)
-            if was != served["variant_key"]:
-                moves.append(Move(arch, fkey, feats, call, was, served["variant_key"],
-                                  after_shape=served["shape_key"]))
+        moves += _grid_moves(arch, fkey, family_rows,
+                             lambda s: serve_from(family_rows, arch, s, rank_before)["variant_key"],
+                             lambda s: serve_from(family_rows, arch, s, rank_after))
+    return moves
+
+
+def _grid_moves(arch: str, fkey: str, rows: list[dict], was: Callable[[Shape], str | None],
+                now: Callable[[Shape], dict]) -> list[Move]:
+    """The calls of the family's grid (grid_calls of `rows`) whose variant before, `was(shape)`
+    (None: none served it), differs from the one of the row `now(shape)` serves them from."""
+    moves = []
+    for feats, call, shape in grid_calls(fkey, rows):
+        before, served = was(shape), now(shape)
+        if before != served["variant_key"]:
+            moves.append(Move(arch, fkey, feats, call, before, served["variant_key"], after_shape=served["shape_key"]))
     return moves
 
 
