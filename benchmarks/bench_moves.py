@@ -27,6 +27,7 @@ import argparse
 import math
 import os
 import shutil
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -264,7 +265,7 @@ def by_entry(rows: list[dict]) -> list[dict]:
     out = []
     for (family, shape), rs in groups.items():
         speeds = [r["after_vs_before"] for r in rs if r["after_vs_before"] is not None]
-        geo = math.exp(sum(map(math.log, speeds)) / len(speeds)) if speeds else None
+        geo = statistics.geometric_mean(speeds) if speeds else None
         out.append(dict(family=family, shape=shape, calls=len(rs), slowed=len(slowed_rows({"rows": rs})),
                         geomean=geo))
     return sorted(out, key=lambda g: (-g["slowed"], g["geomean"] if g["geomean"] is not None else 0.0))

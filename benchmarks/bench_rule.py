@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def summary(rows: list[dict]) -> list[dict]:
         ratios = [r["current_us"] / r["candidate_us"] for r in both]
         return dict(family=name, calls=len(rs), failed=len(rs) - len(both),
                     faster=sum(x > SLOWER for x in ratios), slower=sum(x < 1 / SLOWER for x in ratios),
-                    geomean=math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else math.nan)
+                    geomean=statistics.geometric_mean(ratios) if ratios else math.nan)
     groups: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         groups[r["family"]].append(r)
