@@ -36,6 +36,21 @@ def rt():
     return runtime()
 
 
+@pytest.fixture
+def clean_rt():
+    """The runtime with no caller tuning DB, an empty decision memo and, after the test, no
+    log handler, set so again when the test ends: a dispatch test sees only the DBs it names.
+    Modules of such tests take it as their `rt`."""
+    from cc1d._runtime import runtime
+    rt = runtime()
+    rt.set_tuning_dbs([])
+    rt.clear_dispatch_cache()
+    yield rt
+    rt.set_log_handler(None)
+    rt.set_tuning_dbs([])
+    rt.clear_dispatch_cache()
+
+
 _TRIVIAL = 'extern "C" __global__ void cc1d_kernel(float* p) { p[threadIdx.x] = 1.0f; }\n'
 
 

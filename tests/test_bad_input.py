@@ -442,13 +442,8 @@ MATRIX = [pytest.param(op, entry, case, id=f"{op}-{entry}-{case.name}")
 
 
 @pytest.fixture
-def rt():
-    from cc1d._runtime import runtime
-    rt = runtime()
-    rt.set_tuning_dbs([])
-    rt.clear_dispatch_cache()
-    yield rt
-    rt.clear_dispatch_cache()
+def rt(clean_rt):  # conftest.py: no caller DB, an empty memo, restored after
+    return clean_rt
 
 
 @pytest.mark.parametrize("op, entry, case", MATRIX)

@@ -23,14 +23,8 @@ N_STRIDES = 26
 
 
 @pytest.fixture
-def rt():
-    from cc1d._runtime import runtime
-    rt = runtime()
-    rt.set_tuning_dbs([])
-    rt.clear_dispatch_cache()
-    yield rt
-    rt.set_tuning_dbs([])
-    rt.clear_dispatch_cache()
+def rt(clean_rt):  # conftest.py: no caller DB, an empty memo, restored after
+    return clean_rt
 
 
 def strides(b=2, d=16, l=128, w=4, layout="cf", *, x=None, dout=None, dx=None, wt=(4, 1), bias=1,

@@ -30,15 +30,8 @@ CATALOG_16, CATALOG_2 = fallback_chain(FAM)[0], fallback_chain(FAM)[-1]
 
 
 @pytest.fixture
-def rt():
-    from cc1d._runtime import runtime
-    rt = runtime()
-    rt.set_tuning_dbs([])
-    rt.clear_dispatch_cache()
-    yield rt
-    rt.set_log_handler(None)
-    rt.set_tuning_dbs([])
-    rt.clear_dispatch_cache()
+def rt(clean_rt):  # conftest.py: no caller DB, an empty memo, restored after
+    return clean_rt
 
 
 @pytest.fixture

@@ -20,14 +20,8 @@ CL = Family("bwd", "cl", "bf16", "bf16", 4)  # channel-last: no tiling misfit to
 
 
 @pytest.fixture
-def rt():
-    from cc1d._runtime import runtime
-    rt = runtime()
-    rt.set_tuning_dbs([])
-    rt.clear_dispatch_cache()
-    yield rt
-    rt.set_tuning_dbs([])
-    rt.clear_dispatch_cache()
+def rt(clean_rt):  # conftest.py: no caller DB, an empty memo, restored after
+    return clean_rt
 
 
 def tuned_db(path, entries) -> str:

@@ -22,13 +22,8 @@ UPD_FAMILIES = families("upd")
 
 
 @pytest.fixture
-def rt():
-    from cc1d._runtime import runtime
-    rt = runtime()
-    rt.set_tuning_dbs([])
-    rt.clear_dispatch_cache()
-    yield rt
-    rt.clear_dispatch_cache()
+def rt(clean_rt):  # conftest.py: no caller DB, an empty memo, restored after
+    return clean_rt
 
 
 def strides(b=4, d=64, l=1, m=3, w=4, layout="cl", *, x=None, out=None, st=None, wt=None, bias=1,

@@ -20,13 +20,8 @@ D, T, S, POOL, SL = 64, 1000, 5, 12, 6  # dim, total_tokens, num_seqs, pool rows
 
 
 @pytest.fixture
-def rt():
-    from cc1d._runtime import runtime
-    rt = runtime()
-    rt.set_tuning_dbs([])
-    rt.clear_dispatch_cache()
-    yield rt
-    rt.clear_dispatch_cache()
+def rt(clean_rt):  # conftest.py: no caller DB, an empty memo, restored after
+    return clean_rt
 
 
 def with_ptr(i, value, ptrs=PTRS):
