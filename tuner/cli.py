@@ -440,12 +440,10 @@ def guard_rounds(args: argparse.Namespace, arch: str, db_path: Path, shapes: lis
         if cut:
             late = checked[len(checks):]
             deadline.untimed.extend(late)
-            print(f"  not timed (past --deadline-s): {len(late)} calls, "
-                  + ", ".join(f"{m.family_key} {m.call}" for m in late[:10]) + (", ..." if len(late) > 10 else ""))
+            print(f"  not timed (past --deadline-s): {len(late)} calls, {_first_calls(late)}")
         if unchecked:
-            shown = ", ".join(f"{m.family_key} {m.call}" for m in unchecked[:10])
             print(f"  not timed (past --guard-max-calls {args.guard_max_calls}): {len(unchecked)} calls, "
-                  f"{shown}{', ...' if len(unchecked) > 10 else ''}")
+                  f"{_first_calls(unchecked)}")
         slowed = [dataclasses.replace(c.shape, name=f"guard-round-{rnd}") for c in checks if c.slowed]
         if not slowed:
             print(f"guard round {rnd}: no call {'timed ' if cut else ''}slowed by more than 3 %")
@@ -467,6 +465,11 @@ def guard_rounds(args: argparse.Namespace, arch: str, db_path: Path, shapes: lis
         for s in added:
             print(f"  - {shapes_entry(s)}")
     return added
+
+
+def _first_calls(moves: list, n: int = 10) -> str:
+    """The first n moved calls, named for the guard's "not timed" lines."""
+    return ", ".join(f"{m.family_key} {m.call}" for m in moves[:n]) + (", ..." if len(moves) > n else "")
 
 
 # ---- db subcommands -----------------------------------------------------------------
