@@ -88,20 +88,20 @@ def explain_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
                          require_device=arch is None)
     if return_dinitial_states and initial_states is None:
         C.fail(_FN, "return_dinitial_states", "initial_states to be given", "initial_states=None")
-    layout = _layout(x)
-    if layout is None:  # causal_conv1d_bwd would run x.contiguous()
-        x, layout = ops._Planned(False, x.shape, x.dtype, slot=0), "cf"
-    cl = layout == "cl"
-    # the buffers causal_conv1d_bwd would allocate, each in a slot of its own (_backward_planned)
-    if _layout(dout) != layout:  # copied to x's layout
+    # The call's own plan decides which buffers it would make; each stands in a slot of its own.
+    plan = _make_bwd_plan(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx,
+                          True if return_dinitial_states else False, True)
+    if plan.contiguous:  # x.contiguous(): channel-first
+        x = ops._Planned(False, x.shape, x.dtype, slot=0)
+    cl = _layout(x) == "cl"
+    if plan.dout_copy:  # copied to x's layout
         dout = ops._Planned(cl, x.shape, x.dtype, slot=1)
-    if dx is None or _layout(dx) != layout:
+    if plan.dx_fresh:
         dx = ops._Planned(cl, x.shape, x.dtype, slot=2)
-    batch, dim, _ = x.shape
-    width = weight.shape[1]
+    dim, width = plan.dweight_shape
     dweight = PlannedBuffer((width, 1), slot=3)
-    dbias = None if bias is None else PlannedBuffer((1,), slot=4)
-    dis = PlannedBuffer((dim * (width - 1), width - 1, 1), slot=5) if return_dinitial_states else None
+    dbias = None if plan.dbias_shape is None else PlannedBuffer((1,), slot=4)
+    dis = None if plan.dis_shape is None else PlannedBuffer((dim * (width - 1), width - 1, 1), slot=5)
     args = _bwd_call_args(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx, dis, dweight, dbias,
                           None, silu)
     return runtime().explain_bwd(*args, arch=arch or "")
