@@ -13,28 +13,14 @@ torch = pytest.importorskip("torch")
 import cc1d  # noqa: E402
 from cc1d import backward  # noqa: E402
 from cc1d.generator import Family, fallback_chain  # noqa: E402
-from cc1d.tuner.db import TuningDB  # noqa: E402
+from test_bwd_runtime import ARCH, tuned_bwd_db  # noqa: E402  (its DBs of backward winners)
 
-ARCH = "sm_999"  # nobody tunes it: only the DBs these tests build are consulted
 CL = Family("bwd", "cl", "bf16", "bf16", 4)  # channel-last: no tiling misfit to rank before the distance
 
 
 @pytest.fixture
 def rt(clean_rt):  # conftest.py: no caller DB, an empty memo, restored after
     return clean_rt
-
-
-def tuned_db(path, entries) -> str:
-    """A finalized DB of channel-last bf16 backward winners for ARCH, bias and SiLU:
-    (variant, (batch, dim, seqlen))."""
-    with TuningDB(path) as db:
-        for v, (b, d, n) in entries:
-            db.put_winner(v.source, arch=ARCH, family_key=CL.key(), shape_key=f"b{b}.d{d}.l{n}.bias.silu",
-                          op="bwd", batch=b, dim=d, seqlen=n, features="bias,silu", variant_key=v.key(),
-                          config=v.params, source_hash=v.hash(), **v.geometry(), time_us=10.0,
-                          environment={"device": "test"})
-        db.finalize()
-    return str(path)
 
 
 def tensors(b=2, d=64, n=128, layout="cf"):
@@ -61,7 +47,7 @@ def test_exact_and_nearest_entries_by_the_backwards_distance(rt, tmp_path):
     apart; the backward's distance (|ln batch| + 2 |ln seqlen| + 0.5 |ln dim|) can."""
     chain = fallback_chain(CL)
     a, b = chain[0], chain[-1]  # two kernels every call here can run
-    db = tuned_db(tmp_path / "t.db", [(a, (1, 64, 1024)), (b, (8, 64, 128))])
+    db = tuned_bwd_db(tmp_path / "t.db", [(a, (1, 64, 1024)), (b, (8, 64, 128))])
     cc1d.set_tuning_db(db)
 
     def explain(*sizes):
