@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import shutil
 import statistics
 import tempfile
 from pathlib import Path
@@ -110,10 +109,12 @@ def print_list(moves: list) -> None:
 
 def package_dir_with(db: Path, arch: str, parent: Path, name: str) -> Path:
     """A folder laid out as the package is for the dispatcher (tuning_db/<arch>.db), holding
-    a copy of `db` and nothing else."""
+    a copy of `db` and nothing else (WAL content included: TuningDB.copy_to)."""
+    from cc1d.tuner.db import TuningDB
     folder = parent / name
     (folder / "tuning_db").mkdir(parents=True)
-    shutil.copyfile(db, folder / "tuning_db" / f"{arch}.db")
+    with TuningDB(db, readonly=True) as src:
+        src.copy_to(folder / "tuning_db" / f"{arch}.db")
     return folder
 
 

@@ -10,6 +10,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ def _without(tmp_path, shape_key=DROPPED) -> Path:
     """The shipped DB less one winner: the DB before that entry was added."""
     path = tmp_path / "before.db"
     shutil.copyfile(SHIPPED, path)
-    with sqlite3.connect(path) as con:
+    with closing(sqlite3.connect(path)) as con, con:
         gone = con.execute("DELETE FROM winners WHERE shape_key = ? AND family_key = 'bwd.cf.bf16wbf16.w4'",
                            (shape_key,)).rowcount
     assert gone == 1
@@ -150,6 +151,21 @@ def test_the_timed_calls_are_grouped_by_the_entry_serving_them_after():
 def test_ratio_is_none_where_a_time_is_missing():
     assert moves_script.ratio(30.0, 20.0) == 1.5
     assert moves_script.ratio(None, 20.0) is None and moves_script.ratio(30.0, float("nan")) is None
+
+
+def test_the_dispatchers_folder_holds_what_the_db_holds_in_its_wal(tmp_path):
+    """A DB still open in WAL mode (a merge not yet finalized) keeps its last commits in its
+    -wal file: the folder's copy holds them too, as one file."""
+    live = tmp_path / "live.db"
+    shutil.copyfile(SHIPPED, live)
+    with TuningDB(live) as db:  # opened for writing: WAL mode
+        db.conn.execute("DELETE FROM winners WHERE shape_key = ?", (DROPPED,))
+        assert (tmp_path / "live.db-wal").exists()
+        folder = moves_script.package_dir_with(live, "sm_90", tmp_path, "pkg")
+    copy = folder / "tuning_db" / "sm_90.db"
+    with TuningDB(copy, readonly=True) as db:
+        assert DROPPED not in {w["shape_key"] for w in db.winners()}
+    assert sorted(p.name for p in copy.parent.iterdir()) == ["sm_90.db"]
 
 
 @pytest.mark.gpu

@@ -301,6 +301,27 @@ def test_finalize_refuses_while_another_connection_is_open(tmp_path):
             db.finalize()
 
 
+def test_copy_to_holds_what_the_wal_still_holds(tmp_path):
+    """A commit of a connection still open lives in the -wal file: a file copy misses it,
+    copy_to does not, and its copy is one file in rollback-journal mode."""
+    path = tmp_path / "live.db"
+    with _filled(path) as db:
+        db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the file holds both winners
+        db.conn.execute("DELETE FROM winners WHERE shape_key = 'b1.d64.l128.bias.silu'")
+        assert (tmp_path / "live.db-wal").exists()
+        plain = tmp_path / "plain.db"
+        plain.write_bytes(path.read_bytes())
+        with TuningDB(path, readonly=True) as reader:
+            copy = reader.copy_to(tmp_path / "copy.db")
+            with pytest.raises(DBError, match="copy.db: it exists"):
+                reader.copy_to(copy)
+    with TuningDB(plain, readonly=True) as stale, TuningDB(copy, readonly=True) as fresh:
+        assert len(stale.winners()) == 2  # the file alone: the delete is not in it
+        assert [w["shape_key"] for w in fresh.winners()] == ["b0.d64.l128.bias.silu"]
+        assert fresh.validate() == []
+    assert _journal_mode(copy) == "delete" and not (tmp_path / "copy.db-wal").exists()
+
+
 def test_readonly_refusals(tmp_path):
     with pytest.raises(DBError, match="does not exist"):
         TuningDB(tmp_path / "none.db", readonly=True)

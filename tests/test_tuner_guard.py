@@ -81,6 +81,20 @@ def test_the_merged_view_leaves_both_files_as_they_were(tmp_path):
     assert pending_moves(guard, run_db, "sm_90", {"fwd.cl.bf16wf32.w4"})[0] == []
 
 
+def test_the_merged_view_holds_what_the_guard_db_holds_in_its_wal(tmp_path):
+    """A guard DB another connection holds open keeps its last commits in its -wal file; the
+    merged view (made on a copy) must hold them too, as reading the guard DB does."""
+    guard = _guard_db(tmp_path / "guard.db")
+    run_db = tmp_path / "run.db"
+    with TuningDB(run_db) as db:
+        _store_winner(db, DEFAULT, DEFAULT.source, "b1.d64.l1024.bias.silu", 1, 64, 1024)
+    with TuningDB(guard) as open_db:
+        open_db.conn.execute("DELETE FROM winners WHERE seqlen = 16384")
+        assert (tmp_path / "guard.db-wal").exists()
+        rows = merged_snapshot(guard, run_db)[("sm_90", FAMILY.key())]
+    assert sorted(r["seqlen"] for r in rows) == [128, 1024]
+
+
 def test_checks_are_timed_once_and_failures_kept():
     made = []
 

@@ -288,6 +288,21 @@ class TuningDB:
         r = self.conn.execute("SELECT source FROM sources WHERE hash = ?", (source_hash,)).fetchone()
         return r[0] if r else None
 
+    def copy_to(self, dest: str | Path) -> Path:
+        """Write this DB to `dest` (a new file) through SQLite's backup API, in
+        rollback-journal mode: one self-contained file. A plain file copy of a WAL-mode DB
+        misses what its -wal file still holds (a commit of a connection not yet closed)."""
+        dest = Path(dest)
+        if dest.exists():
+            raise DBError(f"cannot copy tuning DB {self.path} to {dest}: it exists")
+        out = sqlite3.connect(str(dest), isolation_level=None)
+        try:
+            self.conn.backup(out)
+            out.execute("PRAGMA journal_mode = DELETE")
+        finally:
+            out.close()
+        return dest
+
     # ---- text form, merge, validation ----------------------------------------
 
     def export_lines(self, with_trials: bool = False) -> Iterator[str]:

@@ -12,7 +12,6 @@ winners may move other calls, so it checks again, a few rounds at most.
 from __future__ import annotations
 
 import math
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,8 +74,8 @@ def merged_snapshot(guard: Path, run_db: Path) -> Rows:
     """The winners `guard` would hold after `cc1d-tune db merge --db guard run_db`, without
     touching either file (the merge is made on a copy)."""
     with tempfile.TemporaryDirectory(prefix="cc1d-guard-") as tmp:
-        copy = Path(tmp) / "merged.db"
-        shutil.copyfile(guard, copy)
+        with TuningDB(guard, readonly=True) as g:
+            copy = g.copy_to(Path(tmp) / "merged.db")
         with TuningDB(copy) as db, TuningDB(run_db, readonly=True) as run:
             db.merge_from(run)
             return snapshot(db)
