@@ -49,7 +49,8 @@ def weights_rank(batch: float, seqlen: float, dim: float) -> Callable:
 # fresh grid; the dispatcher's backward rule since session 68 (moved forward calls lost).
 # weighted-0.5/4/0: the best sum of cross_serve.py --weights' 75 sets on sessions 66's and
 # 68's matrices (7.0 / 11.5 %; left one out, 7.3 % against 7.0 %), 48 calls for 75 sets: a
-# lead for bench_rule.py, not a result.
+# lead, which bench_rule.py then timed against weighted-1/2/0.5 (session 69, H200: 96 backward
+# calls, 23 faster, 22 slower, 1.02x): not adopted.
 RULES: dict[str, Callable] = {"current": current_rank, "product": product_rank,
                               "seqlen-apart": weights_rank(1, 2, 1), "weighted-1/2/0.5": weights_rank(1, 2, 0.5),
                               "weighted-0.5/4/0": weights_rank(0.5, 4, 0)}
