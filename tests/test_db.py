@@ -315,6 +315,8 @@ def test_copy_to_holds_what_the_wal_still_holds(tmp_path):
             copy = reader.copy_to(tmp_path / "copy.db")
             with pytest.raises(DBError, match="copy.db: it exists"):
                 reader.copy_to(copy)
+            with pytest.raises(DBError, match=r"cannot copy tuning DB .*live.db to .*nowhere/x.db \(unable to open"):
+                reader.copy_to(tmp_path / "nowhere" / "x.db")
     with TuningDB(plain, readonly=True) as stale, TuningDB(copy, readonly=True) as fresh:
         assert len(stale.winners()) == 2  # the file alone: the delete is not in it
         assert [w["shape_key"] for w in fresh.winners()] == ["b0.d64.l128.bias.silu"]

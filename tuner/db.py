@@ -295,12 +295,17 @@ class TuningDB:
         dest = Path(dest)
         if dest.exists():
             raise DBError(f"cannot copy tuning DB {self.path} to {dest}: it exists")
-        out = sqlite3.connect(str(dest), isolation_level=None)
         try:
-            self.conn.backup(out)
-            out.execute("PRAGMA journal_mode = DELETE")
-        finally:
-            out.close()
+            out = sqlite3.connect(str(dest), isolation_level=None)
+            try:
+                self.conn.backup(out)
+                out.execute("PRAGMA journal_mode = DELETE")
+            finally:
+                out.close()
+        except sqlite3.Error as exc:
+            for suffix in ("", "-journal", "-wal", "-shm"):  # no half-written copy left behind
+                dest.with_name(dest.name + suffix).unlink(missing_ok=True)
+            raise DBError(f"cannot copy tuning DB {self.path} to {dest} ({exc})") from None
         return dest
 
     # ---- text form, merge, validation ----------------------------------------

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# On the GPU machine: a guarded cc1d-tune run of a shapes file, started from and guarded by
+# this checkout's shipped DB (tuning_db/<arch>.db), merged into that DB there, and the gpu
+# tests of the variants the merge adds (benchmarks/new_variants.py). $OUT (default
+# /tmp/cc1d-out) gets four files, fewer than the device tool's eight: tune.log, tune.db (the
+# run's own DB), merge.log and tests.log. Then, on the CPU machine, as tuning_db/README.md says:
+#   cc1d-tune db merge --db tuning_db/sm_90.db tune.db; cc1d-tune db finalize --drop-trials ...;
+#   cc1d-tune db validate --compile ...; and add the shapes the guard printed to the shapes file.
+# The merge here is never shipped: it serves only the tests.
+#   [DEADLINE_S=300] [TRIALS=24] [BUDGET_S=30] bash benchmarks/device_tune.sh SHAPES.yaml [cc1d-tune args...]
+# e.g. bash benchmarks/device_tune.sh slowed.yaml --ops bwd --guard-max-calls 24
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+[ $# -ge 1 ] && [ -f "$1" ] || { echo "device_tune.sh: expected a shapes file as the first argument, got '${1:-}'" >&2
+                                 exit 2; }
+SHAPES=$(realpath "$1"); shift
+OUT=${OUT:-/tmp/cc1d-out}; mkdir -p "$OUT"; OUT=$(realpath "$OUT")
+REPO=$(pwd)
+T0=$(date +%s)
+say() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
+# Packages missing on the device (optuna) travel as wheels in .whl/ (see the device README).
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+build_cc1d() { python3 -m pip install -q --no-build-isolation --no-deps . >/tmp/cc1d-build.log 2>&1 \
+              || { tail -40 /tmp/cc1d-build.log; exit 1; }; }
+build_cc1d
+ARCH=$(python3 -P -c 'import torch; from cc1d._runtime import runtime; print(runtime().device_target("cuda", 0))') \
+  || { echo "device_tune.sh: no CUDA device's target" >&2; exit 1; }
+DB="$REPO/tuning_db/$ARCH.db"
+[ -f "$DB" ] || { echo "device_tune.sh: no shipped DB $DB for this device's arch" >&2; exit 1; }
+say "built; $ARCH, shipped DB $DB"
+BEFORE=$(mktemp -d)/before.db; cp "$DB" "$BEFORE"
+# From /tmp with -P: the checkout's cc1d/ folder lacks the compiled runtime.
+(cd /tmp && python3 -P -m cc1d.tuner --shapes "$SHAPES" --db "$OUT/tune.db" --trials "${TRIALS:-24}" \
+   --budget-s "${BUDGET_S:-30}" --start-from "$DB" --guard "$DB" --guard-rounds 1 \
+   --deadline-s "${DEADLINE_S:-300}" "$@") >"$OUT/tune.log" 2>&1
+status=$?
+tail -30 "$OUT/tune.log"
+say "tuned (status $status)"
+[ -f "$OUT/tune.db" ] || exit 1
+# Merged from a copy (with the -wal a killed run may leave), so that $OUT's file comes back as
+# the run left it, with no file of a reader's beside it.
+RUN=$(mktemp -d); cp "$OUT"/tune.db* "$RUN"/
+# Finalized too, so that the package's copy is one file, as the shipped DB is.
+{ python3 -P -m cc1d.tuner db merge --db "$DB" "$RUN/tune.db" && python3 -P -m cc1d.tuner db finalize --db "$DB"; } \
+  >"$OUT/merge.log" 2>&1 || { cat "$OUT/merge.log"; exit 1; }
+head -3 "$OUT/merge.log"
+KEYS=$(python3 -P benchmarks/new_variants.py "$BEFORE" "$DB") || exit 1
+if [ -z "$KEYS" ]; then
+  echo "no variant new in the DB: no variant tests to run" | tee "$OUT/tests.log"
+  exit "$status"
+fi
+echo "new variants: $KEYS"
+build_cc1d  # the package's copy of the DB, for the dispatcher
+python3 -P -m pytest -q -m gpu -p no:cacheprovider tests/test_forward_gpu.py tests/test_fwd_fixed_gpu.py \
+  tests/test_backward_gpu.py tests/test_bwd_seq_gpu.py tests/test_realign.py -k "$KEYS" >/tmp/cc1d-tests.log 2>&1
+tail -15 /tmp/cc1d-tests.log | tee "$OUT/tests.log"
+say done
+exit "$status"

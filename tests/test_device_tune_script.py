@@ -1,0 +1,74 @@
+"""benchmarks/device_tune.sh (a guarded tuning run on the GPU machine) parses, refuses a
+missing shapes file before touching anything, names test modules that exist and leaves at
+most eight files in $OUT; benchmarks/new_variants.py names the variants a DB change adds."""
+from __future__ import annotations
+
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+from collections import Counter
+from contextlib import closing
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "device_tune.sh"
+NEW_VARIANTS = ROOT / "benchmarks" / "new_variants.py"
+SHIPPED = ROOT / "tuning_db" / "sm_90.db"
+
+
+def test_the_script_parses():
+    subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
+
+
+def test_a_missing_shapes_file_is_refused_first(tmp_path):
+    res = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "none.yaml")], capture_output=True, text=True,
+                         cwd=ROOT, env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out")}, timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"expected a shapes file as the first argument, got '{tmp_path / 'none.yaml'}'" in res.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_its_test_modules_exist_and_its_files_fit_the_limit():
+    text = SCRIPT.read_text()
+    modules = re.findall(r"tests/(test_\w+\.py)", text)
+    assert len(modules) == 5 and all((ROOT / "tests" / m).is_file() for m in modules)
+    files = set(re.findall(r'"\$OUT/([\w.]+)"', text))
+    assert files == {"tune.log", "tune.db", "merge.log", "tests.log"}
+
+
+def _without(tmp_path, variant_key: str) -> Path:
+    path = tmp_path / "before.db"
+    shutil.copyfile(SHIPPED, path)
+    with closing(sqlite3.connect(path)) as con, con:
+        con.execute("DELETE FROM winners WHERE variant_key = ?", (variant_key,))
+    return path
+
+
+def _run(*argv):
+    return subprocess.run([sys.executable, str(NEW_VARIANTS), *map(str, argv)], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_new_variants_names_the_variants_only_the_after_db_holds(tmp_path):
+    with closing(sqlite3.connect(f"file:{SHIPPED}?mode=ro", uri=True)) as con:
+        counts = Counter(r[0] for r in con.execute("SELECT variant_key FROM winners"))
+    single = sorted(k for k, n in counts.items() if n == 1)[:2]
+    assert len(single) == 2
+    before = _without(tmp_path, single[0])
+    with closing(sqlite3.connect(before)) as con, con:
+        con.execute("DELETE FROM winners WHERE variant_key = ?", (single[1],))
+    res = _run(before, SHIPPED)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == f"{single[0]} or {single[1]}\n"
+    assert _run(SHIPPED, before).stdout == ""  # dropping winners adds no variant
+
+
+def test_new_variants_refuses_missing_or_unreadable_dbs(tmp_path):
+    res = _run(tmp_path / "none.db", SHIPPED)
+    assert res.returncode == 2 and "before: no such file" in res.stderr
+    junk = tmp_path / "junk.db"
+    junk.write_text("not sqlite")
+    res = _run(SHIPPED, junk)
+    assert res.returncode == 2 and "new_variants.py: tuning DB" in res.stderr and "junk.db" in res.stderr
