@@ -13,20 +13,10 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/cc1d-out}; mkdir -p "$OUT"
-# Packages missing on the device travel as wheels in .whl/ (see the device README).
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
+source benchmarks/device_setup.sh  # .whl/ wheels, build_cc1d, install_peer
 LOG="$OUT/device_check.log"
-python3 -m pip install -q --no-build-isolation --no-deps . >/tmp/cc1d-build.log 2>&1 \
-  || { tail -40 /tmp/cc1d-build.log; exit 1; }
-PEER_WHEELS=${PEER_WHEELS:-.peer}
-if compgen -G "$PEER_WHEELS/causal_conv1d-*.whl" >/dev/null; then
-  python3 -m pip install -q --no-deps "$PEER_WHEELS"/causal_conv1d-*.whl >/tmp/cc1d-peer-install.log 2>&1 \
-    || { tail -20 /tmp/cc1d-peer-install.log
-         echo "device_check: the peer's wheel did not install; benchmarks run without it"; }
-fi
+build_cc1d
+install_peer device_check
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$LOG"
 if [ -z "${SKIP_TESTS:-}" ]; then
   python3 -P -m pytest -q -m gpu -p no:cacheprovider "$@" >/tmp/cc1d-gpu-tests.log 2>&1

@@ -18,13 +18,7 @@ OUT=${OUT:-/tmp/cc1d-out}; mkdir -p "$OUT"; OUT=$(realpath "$OUT")
 REPO=$(pwd)
 T0=$(date +%s)
 say() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
-# Packages missing on the device (optuna) travel as wheels in .whl/ (see the device README).
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-build_cc1d() { python3 -m pip install -q --no-build-isolation --no-deps . >/tmp/cc1d-build.log 2>&1 \
-              || { tail -40 /tmp/cc1d-build.log; exit 1; }; }
+source benchmarks/device_setup.sh  # optuna from .whl/, build_cc1d
 build_cc1d
 ARCH=$(python3 -P -c 'import torch; from cc1d._runtime import runtime; print(runtime().device_target("cuda", 0))') \
   || { echo "device_tune.sh: no CUDA device's target" >&2; exit 1; }

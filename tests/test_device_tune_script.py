@@ -1,6 +1,7 @@
 """benchmarks/device_tune.sh (a guarded tuning run on the GPU machine) parses, refuses a
 missing shapes file before touching anything, names test modules that exist and leaves at
-most eight files in $OUT; benchmarks/new_variants.py names the variants a DB change adds."""
+most eight files in $OUT; it and device_check.sh share device_setup.sh; benchmarks/new_variants.py
+names the variants a DB change adds."""
 from __future__ import annotations
 
 import re
@@ -20,6 +21,15 @@ SHIPPED = ROOT / "tuning_db" / "sm_90.db"
 
 def test_the_script_parses():
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
+
+
+def test_the_device_scripts_take_their_setup_from_one_file():
+    setup = ROOT / "benchmarks" / "device_setup.sh"
+    subprocess.run(["bash", "-n", str(setup)], check=True)
+    for name in ("device_tune.sh", "device_check.sh"):
+        text = (ROOT / "benchmarks" / name).read_text()
+        assert "source benchmarks/device_setup.sh" in text and "build_cc1d" in text, name
+        assert "pip install" not in text, name  # none of its own
 
 
 def test_a_missing_shapes_file_is_refused_first(tmp_path):
