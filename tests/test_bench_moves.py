@@ -58,6 +58,16 @@ def test_bad_options_are_refused_before_the_gpu(argv, message):
     assert message in res.stderr
 
 
+@pytest.mark.parametrize("which", ["--before", "--after"])
+def test_an_unreadable_db_ends_with_its_message_not_a_traceback(tmp_path, which):
+    junk = tmp_path / "junk.db"
+    junk.write_text("not sqlite")
+    dbs = {"--before": str(SHIPPED), "--after": str(SHIPPED), which: str(junk)}
+    res = _run(*(a for kv in dbs.items() for a in kv), "--list")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith(f"bench_moves.py: tuning DB {junk} is not a readable SQLite DB"), res.stderr
+
+
 def test_a_set_tuning_db_variable_is_refused(tmp_path):
     env = dict(os.environ, CC1D_TUNING_DB=str(tmp_path / "mine.db"))
     res = _run("--before", str(SHIPPED), "--list", env=env)

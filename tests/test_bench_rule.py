@@ -96,6 +96,14 @@ def test_a_reader_leaving_early_ends_the_listing_without_a_traceback():
     assert err.strip() == "bench_rule.py: output closed before the end (a pipe's reader left)", err
 
 
+def test_an_unreadable_db_ends_with_its_message_not_a_traceback(tmp_path):
+    junk = tmp_path / "junk.db"
+    junk.write_text("not sqlite")
+    res = _run("--rule", "product", "--db", str(junk), "--list")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith(f"bench_rule.py: tuning DB {junk} is not a readable SQLite DB"), res.stderr
+
+
 def test_the_summary_counts_per_family_and_overall():
     def row(family, cur, cand):
         return dict(family=family, current_us=cur, candidate_us=cand)
