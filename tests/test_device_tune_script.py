@@ -82,3 +82,31 @@ def test_new_variants_refuses_missing_or_unreadable_dbs(tmp_path):
     junk.write_text("not sqlite")
     res = _run(SHIPPED, junk)
     assert res.returncode == 2 and "new_variants.py: tuning DB" in res.stderr and "junk.db" in res.stderr
+
+
+def test_the_setup_installs_the_wheels_then_the_checkout_then_the_peer(tmp_path):
+    """device_setup.sh's commands, through a python3 that only records them."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "bin" / "python3"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\ncase "$*" in *--no-build-isolation*) exit "$BUILD_FAILS";; esac\n')
+    fake.chmod(0o755)
+    work = tmp_path / "work"
+    (work / ".whl").mkdir(parents=True)
+    (work / ".whl" / "optuna-5.0.0-py3-none-any.whl").write_text("")
+    (work / ".peer").mkdir()
+    (work / ".peer" / "causal_conv1d-1.7.0-cp312-cp312-linux_x86_64.whl").write_text("")
+    setup = ROOT / "benchmarks" / "device_setup.sh"
+    script = f'set -u; source {setup}; build_cc1d; install_peer test; echo "PYTHONPATH=$PYTHONPATH"'
+    env = {"PATH": f"{fake.parent}:/usr/bin:/bin", "BUILD_FAILS": "0"}
+    res = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "PYTHONPATH=/tmp/site" in res.stdout, res.stdout + res.stderr
+    got = calls.read_text().splitlines()
+    assert len(got) == 3
+    assert got[0].startswith("-m pip install -q --no-index") and got[0].endswith(".whl/optuna-5.0.0-py3-none-any.whl")
+    assert got[1] == "-m pip install -q --no-build-isolation --no-deps ."
+    assert got[2] == "-m pip install -q --no-deps .peer/causal_conv1d-1.7.0-cp312-cp312-linux_x86_64.whl"
+    calls.unlink()
+    res = subprocess.run(["bash", "-c", script], cwd=work, env={**env, "BUILD_FAILS": "1"}, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 1 and "PYTHONPATH" not in res.stdout  # a failed build stops the script there
