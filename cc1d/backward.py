@@ -84,13 +84,9 @@ def explain_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     "sm_90") overrides the target of x's device, and lets CPU tensors be explained. The
     autograd backward of ``causal_conv1d_fn`` takes the kernel this names for its x,
     weight, bias, seq_idx and initial_states, with dout laid out like x."""
-    silu = _validate_bwd(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, activation,
-                         require_device=arch is None)
-    if return_dinitial_states and initial_states is None:
-        C.fail(_FN, "return_dinitial_states", "initial_states to be given", "initial_states=None")
     # The call's own plan decides which buffers it would make; each stands in a slot of its own.
-    plan = _make_bwd_plan(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx,
-                          True if return_dinitial_states else False, True)
+    silu, plan = _checked_bwd_plan(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx,
+                                   return_dinitial_states, activation, require_device=arch is None)
     if plan.contiguous:  # x.contiguous(): channel-first
         x = ops._Planned(False, x.shape, x.dtype, slot=0)
     cl = _layout(x) == "cl"
@@ -242,6 +238,19 @@ def _launch_with_workspace(launch, ptrs: tuple, device: torch.device) -> None:
     launch(*ptrs, workspace.data_ptr(), nbytes, ops._raw_stream(device.index))
 
 
+def _checked_bwd_plan(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, return_dinitial_states,
+                      activation, require_device: bool = True) -> tuple[bool, _BwdPlan]:
+    """A backward call's checks (_validate_bwd, then return_dinitial_states') and its plan, with
+    silu: causal_conv1d_bwd's first call of a key, and explain_bwd."""
+    silu = _validate_bwd(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, activation,
+                         require_device)
+    if return_dinitial_states and initial_states is None:
+        C.fail(_FN, "return_dinitial_states", "initial_states to be given", "initial_states=None")
+    want_dinitial = True if return_dinitial_states else False
+    return silu, _make_bwd_plan(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx, want_dinitial,
+                                True)
+
+
 def causal_conv1d_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                       dout: torch.Tensor, seq_idx: Optional[torch.Tensor] = None,
                       initial_states: Optional[torch.Tensor] = None,
@@ -254,9 +263,9 @@ def causal_conv1d_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
     initial_states). dweight/dbias are summed in fp32 and returned in the
     weight's dtype. ``dx`` may be given (written in place and returned).
     """
-    want_dinitial = True if return_dinitial_states else False
     try:
-        key = _bwd_key(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx, want_dinitial, True)
+        key = _bwd_key(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx,
+                       True if return_dinitial_states else False, True)
         plan = _CHECKED_PLANS.get(key)
     except Exception:  # not tensors, or metadata that does not hash: _validate_bwd says what is wrong
         key = plan = None
@@ -264,13 +273,10 @@ def causal_conv1d_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
         silu = C.check_activation(_FN, activation)
         if dx is not None:
             _check_dx_apart(x, dout, dx)
-    else:
-        silu = _validate_bwd(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, activation)
-    if return_dinitial_states and initial_states is None:
-        C.fail(_FN, "return_dinitial_states", "initial_states to be given", "initial_states=None")
-    if plan is None:
-        plan = ops._remember(_CHECKED_PLANS, key, _make_bwd_plan(x, weight, bias, seq_idx, initial_states, dout,
-                                                                 dfinal_states, dx, want_dinitial, True))
+    else:  # (a remembered plan's key holds return_dinitial_states and initial_states: checked when made)
+        silu, plan = _checked_bwd_plan(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx,
+                                       return_dinitial_states, activation)
+        plan = ops._remember(_CHECKED_PLANS, key, plan)
     return _backward_planned(plan, x, weight, bias, seq_idx, initial_states, dout, dfinal_states, dx, silu)
 
 
