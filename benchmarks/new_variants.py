@@ -9,7 +9,6 @@ pytest -k expression, or nothing where there are none. No GPU needed.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 
@@ -31,16 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, path in (("before", args.before), ("after", args.after)):
         if not path.is_file():
             ap.error(f"{name}: no such file '{path}'")
-    from cc1d.tuner.db import DBError
-    try:
-        keys = new_keys(args.before, args.after)
-    except DBError as exc:
-        print(f"new_variants.py: {exc}", file=sys.stderr)
-        return 2
+    keys = new_keys(args.before, args.after)  # an unreadable DB: script_exit says so, status 2
     if keys:
         print(" or ".join(keys))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from script_exit import exit_with  # a sibling script
+    exit_with(main, "new_variants.py")

@@ -1,8 +1,8 @@
-"""How the listing scripts end (bench_moves.py, bench_rule.py, cross_serve.py): with main's
-exit status; where stdout's reader left early (`... --list | head`), with one line on
-stderr and status 1 instead of a BrokenPipe traceback, as cc1d-tune does; and where a
-tuning DB cannot be read (not SQLite, corrupt, a newer schema), with the DB's own message
-on one line and status 2, as for a bad option."""
+"""How the listing scripts end (bench_moves.py, bench_rule.py, cross_serve.py,
+new_variants.py): with main's exit status; where stdout's reader left early (`... --list |
+head`), with one line on stderr and status 1 instead of a BrokenPipe traceback, as cc1d-tune
+does; and where a tuning DB cannot be read (not SQLite, corrupt, a newer schema), with the
+DB's own message on one line and status 2, as for a bad option."""
 from __future__ import annotations
 
 import os
