@@ -48,11 +48,12 @@ def test_its_test_modules_exist_and_its_files_fit_the_limit():
     assert files == {"tune.log", "tune.db", "merge.log", "tests.log"}
 
 
-def _without(tmp_path, variant_key: str) -> Path:
+def _without(tmp_path, *variant_keys: str) -> Path:
+    """The shipped DB less every winner of these variants."""
     path = tmp_path / "before.db"
     shutil.copyfile(SHIPPED, path)
     with closing(sqlite3.connect(path)) as con, con:
-        con.execute("DELETE FROM winners WHERE variant_key = ?", (variant_key,))
+        con.executemany("DELETE FROM winners WHERE variant_key = ?", [(k,) for k in variant_keys])
     return path
 
 
@@ -66,9 +67,7 @@ def test_new_variants_names_the_variants_only_the_after_db_holds(tmp_path):
         counts = Counter(r[0] for r in con.execute("SELECT variant_key FROM winners"))
     single = sorted(k for k, n in counts.items() if n == 1)[:2]
     assert len(single) == 2
-    before = _without(tmp_path, single[0])
-    with closing(sqlite3.connect(before)) as con, con:
-        con.execute("DELETE FROM winners WHERE variant_key = ?", (single[1],))
+    before = _without(tmp_path, *single)
     res = _run(before, SHIPPED)
     assert res.returncode == 0, res.stderr
     assert res.stdout == f"{single[0]} or {single[1]}\n"
