@@ -41,7 +41,9 @@ RUN=$(mktemp -d); cp "$OUT"/tune.db* "$RUN"/
 { python3 -P -m cc1d.tuner db merge --db "$DB" "$RUN/tune.db" && python3 -P -m cc1d.tuner db finalize --db "$DB"; } \
   >"$OUT/merge.log" 2>&1 || { cat "$OUT/merge.log"; exit 1; }
 head -3 "$OUT/merge.log"
-KEYS=$(python3 -P benchmarks/new_variants.py "$BEFORE" "$DB") || exit 1
+# Without -P: the script imports its sibling script_exit.py from its own folder (which holds
+# no cc1d/, so the installed package is the one imported).
+KEYS=$(python3 benchmarks/new_variants.py "$BEFORE" "$DB") || exit 1
 if [ -z "$KEYS" ]; then
   echo "no variant new in the DB: no variant tests to run" | tee "$OUT/tests.log"
   exit "$status"

@@ -58,8 +58,12 @@ def _without(tmp_path, *variant_keys: str) -> Path:
 
 
 def _run(*argv):
-    return subprocess.run([sys.executable, str(NEW_VARIANTS), *map(str, argv)], capture_output=True, text=True,
-                          timeout=60)
+    """new_variants.py, run with the interpreter options device_tune.sh gives it (session 70's
+    first device run found it could not import its sibling script under -P)."""
+    found = re.search(r"python3((?: -\w+)*) benchmarks/new_variants\.py", SCRIPT.read_text())
+    assert found, "device_tune.sh no longer runs benchmarks/new_variants.py"
+    return subprocess.run([sys.executable, *found.group(1).split(), str(NEW_VARIANTS), *map(str, argv)],
+                          capture_output=True, text=True, timeout=60)
 
 
 def test_new_variants_names_the_variants_only_the_after_db_holds(tmp_path):
