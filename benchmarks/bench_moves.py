@@ -57,14 +57,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ap.error(f"--{name}: no such file {str(path)!r}")
     if args.shapes_out is not None and args.list:
         ap.error("--shapes-out writes the calls timed slower: not with --list, which times none")
-    if args.shapes_out is not None and (args.shapes_out.exists() or not args.shapes_out.parent.is_dir()):
-        what = "exists" if args.shapes_out.exists() else "is in no folder"
-        ap.error(f"--shapes-out: expected a new file in an existing folder, got {str(args.shapes_out)!r} ({what})")
+    if args.shapes_out is not None and new_file_error(args.shapes_out):
+        ap.error(f"--shapes-out: expected a new file in an existing folder, got {str(args.shapes_out)!r} "
+                 f"({new_file_error(args.shapes_out)})")
     if args.max_calls < 1:
         ap.error(f"--max-calls expects a positive integer, got {args.max_calls}")
     if os.environ.get("CC1D_TUNING_DB"):
         ap.error("CC1D_TUNING_DB is set: its DBs would serve before both --before and --after; unset it")
     return args
+
+
+def new_file_error(path: Path) -> str | None:
+    """Why `path` cannot be a --shapes-out file (it exists, or its folder does not), or None."""
+    if path.exists():
+        return "exists"
+    return None if path.parent.is_dir() else "is in no folder"
 
 
 def moves_between(before: Path, after: Path, arch: str | None = None, entries: bool = False) -> list:
@@ -242,13 +249,15 @@ def slowed_rows(doc: dict) -> list[dict]:
     return out
 
 
-def write_shapes(path: Path, doc: dict, rows: list[dict]) -> None:
-    """The rows' calls as a shapes file (tuner/shapes.py), written whole or not at all."""
+def write_shapes(path: Path, doc: dict, rows: list[dict], header: str | None = None) -> None:
+    """The rows' calls as a shapes file (tuner/shapes.py), written whole or not at all, its
+    first line `header` as a comment (default: the calls slowed from doc's before to after)."""
     from cc1d.tuner.guard import shapes_entry
     from cc1d.tuner.moves import Move
     from timing import write_whole
-    lines = [f"# calls slowed from {doc['before']} to {doc['after']} on {doc['device']} "
-             "(benchmarks/bench_moves.py)", "shapes:"]
+    header = header or (f"calls slowed from {doc['before']} to {doc['after']} on {doc['device']} "
+                        "(benchmarks/bench_moves.py)")
+    lines = [f"# {header}", "shapes:"]
     for r in rows:
         m = Move(doc["arch"], r["family"], r["features"], tuple(r["call"]), r["before_variant"], r["after_variant"])
         lines.append(f"  - {shapes_entry(m.shape)}")

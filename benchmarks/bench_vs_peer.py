@@ -1,0 +1,307 @@
+"""Peer sweep: calls of the tuning grid, served by one tuning DB, timed against causal-conv1d.
+
+ANCHORS.md names a few shapes; the dispatcher serves every other call from the nearest
+tuned shape (docs/DISPATCH.md), and some of those run behind the peer without any DB
+change moving them, so bench_moves.py never times them (session 69 found fp32
+channel-first backward calls at length 3000 at 0.92-0.99x only because an entry moved
+them). This takes tuner/moves.py's grid of each chosen family (batches, the family's tuned
+dims, lengths, each feature set it was tuned with; its tuned shapes too), times each call
+through the DB and through the peer on the same inputs (graph replays interleaved,
+timing.graph_times_us), lists them slowest against the peer first, and can write those
+behind it by more than 3 % as a shapes file for the next tuning run
+(benchmarks/device_tune.sh). Calls the peer cannot make (widths above 4, a backward with
+states) are listed as not timed.
+
+    python benchmarks/bench_vs_peer.py --families bwd.cf.f32 [--db DB] [--batches 1,4,16]
+        [--lengths 1000,3000] [--max-calls 60] [--out p.json] [--shapes-out behind.yaml]
+    python benchmarks/bench_vs_peer.py --families bwd --list      # no GPU
+
+--families takes family-key prefixes (fwd, bwd.cl, bwd.cf.f32wf32.w4); --db defaults to the
+shipped DB of the GPU's arch (with --list, tuning_db/sm_90.db).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+from itertools import product
+from pathlib import Path
+
+from bench_moves import calls_of, new_file_error, package_dir_with, ratio, write_shapes  # siblings
+from bench_near import positive_ints
+
+REPO = Path(__file__).resolve().parents[1]
+PEER_WIDTHS = (2, 3, 4)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from cc1d.tuner.moves import GRID_BATCHES, GRID_LENGTHS
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", type=Path, default=None,
+                    help="the tuning DB serving the calls (default: this checkout's tuning_db/<arch>.db)")
+    ap.add_argument("--families", default="fwd,bwd",
+                    help="family-key prefixes separated by commas, e.g. bwd.cf.f32 (default fwd,bwd)")
+    ap.add_argument("--batches", default=",".join(map(str, GRID_BATCHES)),
+                    help="batch sizes (default the grid's, %(default)s)")
+    ap.add_argument("--lengths", default=",".join(map(str, GRID_LENGTHS)),
+                    help="sequence lengths (default the grid's, %(default)s)")
+    ap.add_argument("--list", action="store_true", help="print the calls and stop (no GPU)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="order of each family's calls before --max-calls takes them in turn (default 0)")
+    ap.add_argument("--max-calls", type=int, default=60,
+                    help="time at most this many calls, a family at a time in turn (default 60)")
+    ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here (after every call)")
+    ap.add_argument("--shapes-out", type=Path, default=None,
+                    help="write the calls behind the peer (by more than 3 %%, or failing where it ran) as a "
+                         "shapes file for cc1d-tune; a new file: not written where none is behind")
+    args = ap.parse_args(argv)
+    if args.db is not None and not args.db.is_file():
+        ap.error(f"--db: no such file {str(args.db)!r}")
+    args.families = [f for f in args.families.split(",") if f]
+    if not args.families:
+        ap.error("--families expects family-key prefixes separated by commas, got ''")
+    args.batches = positive_ints(args.batches, "--batches", ap)
+    args.lengths = positive_ints(args.lengths, "--lengths", ap)
+    if args.max_calls < 1:
+        ap.error(f"--max-calls expects a positive integer, got {args.max_calls}")
+    if args.shapes_out is not None:
+        if args.list:
+            ap.error("--shapes-out writes the calls timed behind the peer: not with --list, which times none")
+        why = new_file_error(args.shapes_out)
+        if why:
+            ap.error(f"--shapes-out: expected a new file in an existing folder, got {str(args.shapes_out)!r} ({why})")
+    if os.environ.get("CC1D_TUNING_DB"):
+        ap.error("CC1D_TUNING_DB is set: its DBs would serve the calls before --db; unset it")
+    return args
+
+
+def grid(db: Path, prefixes: list[str], batches: list[int], lengths: list[int], arch: str | None = None) -> list:
+    """Each chosen family's calls (families whose key starts with one of `prefixes`; one
+    arch's, or every arch's): `batches` x the family's tuned dims x `lengths` x each feature
+    set it was tuned with, as tuner/moves.py Moves whose variant before and after is the one
+    the DB serves the call (entry: it is a tuned shape)."""
+    from cc1d.tuner.db import TuningDB, family_from_key
+    from cc1d.tuner.moves import Move, snapshot
+    from cc1d.tuner.serving import serve_from
+    from cc1d.tuner.shapes import Shape
+    with TuningDB(db, readonly=True) as t:
+        rows_of = snapshot(t)
+    calls = []
+    for (a, fkey), rows in sorted(rows_of.items()):
+        if arch not in (None, a) or not any(fkey.startswith(p) for p in prefixes):
+            continue
+        family = family_from_key(fkey)
+        dims = sorted({r["dim"] for r in rows})
+        for feats, b, d, n in product(sorted({r["features"] for r in rows}), batches, dims, lengths):
+            shape = Shape.of(family, b, d, n, [f for f in feats.split(",") if f])
+            served = serve_from(rows, a, shape)
+            calls.append(Move(a, fkey, feats, (b, d, n), served["variant_key"], served["variant_key"],
+                              entry=served["shape_key"] == shape.key(), after_shape=served["shape_key"]))
+    return calls
+
+
+def unmatched(db: Path, prefixes: list[str], arch: str | None = None) -> str | None:
+    """What to tell a user whose --families prefixes name no forward or backward family of
+    the DB (one arch's, or any arch's), or None where each names one."""
+    from cc1d.tuner.db import TuningDB
+    from cc1d.tuner.moves import snapshot
+    with TuningDB(db, readonly=True) as t:
+        keys = sorted({fkey for (a, fkey) in snapshot(t) if arch in (None, a)})
+    missing = [p for p in prefixes if not any(k.startswith(p) for k in keys)]
+    if not missing:
+        return None
+    ops_layouts = sorted({".".join(k.split(".")[:2]) for k in keys})
+    return (f"--families: no forward or backward family of {db} starts with {', '.join(map(repr, missing))} "
+            f"(its families start with {', '.join(ops_layouts) or 'nothing: it has none'})")
+
+
+def why_no_peer(call) -> str | None:
+    """Why the peer cannot make this call (so it is not timed), or None where it can."""
+    family = call.shape.family()
+    if family.width not in PEER_WIDTHS:
+        return f"width {family.width}: the peer takes widths {PEER_WIDTHS[0]}-{PEER_WIDTHS[-1]}"
+    if family.op not in ("fwd", "bwd"):
+        return f"op {family.op}"
+    if family.op == "bwd" and (call.shape.initial_states or call.shape.final_states):
+        return "a backward with states: the peer's wrapper here takes none"
+    return None
+
+
+def plan(calls: list, max_calls: int, seed: int = 0) -> tuple[list, list[dict]]:
+    """The calls to time (at most max_calls of those the peer can make, a family at a time
+    in turn: tuner/moves.py round_robin) and the rest, each with why it is not timed. Each
+    family's calls are taken in an order shuffled by `seed`: in grid order a cap would
+    time only the first batch and dim of each family."""
+    from cc1d.tuner.moves import round_robin
+    timeable = [c for c in calls if why_no_peer(c) is None]
+    random.Random(seed).shuffle(timeable)
+    timed = round_robin(timeable, max_calls)[0]
+    chosen = set(timed)
+    rest = [dict(family=c.family_key, features=c.features, call=list(c.call),
+                 reason=why_no_peer(c) or f"past --max-calls {max_calls}") for c in calls if c not in chosen]
+    return timed, rest
+
+
+def print_list(calls: list, max_calls: int, seed: int) -> None:
+    """Every call with the variant the DB serves it, and why those not timed would not be."""
+    timed, rest = plan(calls, max_calls, seed)
+    why = {(r["family"], r["features"], tuple(r["call"])): r["reason"] for r in rest}
+    n = sum(c.entry for c in calls)
+    print(f"{len(calls)} calls" + (f", {n} of them tuned shapes" if n else "") + f"; {len(timed)} would be timed")
+    for c in calls:
+        reason = why.get((c.family_key, c.features, c.call))
+        print(f"{c.text().split(': ')[0]}: {short(c)}" + (f"  (not timed: {reason})" if reason else ""))
+
+
+def short(call) -> str:
+    from cc1d.tuner.moves import short_variant
+    return short_variant(call.after, call.family_key)
+
+
+def measure(args: argparse.Namespace) -> dict:
+    import torch
+    from tqdm import tqdm
+
+    import cc1d
+    from cc1d._runtime import runtime
+    from cc1d.tuner.problems import problem_for
+    from peers import causal_conv1d, causal_conv1d_bwd, causal_conv1d_version
+    from timing import copy_ceiling_gbps, gpu_and_db, graph_times_us, n_buffers, write_json
+
+    device, db = gpu_and_db("bench_vs_peer.py", args.db, "--db", "--list")
+    arch = device.target
+    problem = unmatched(db, args.families, arch)
+    if problem:
+        raise SystemExit(f"bench_vs_peer.py: {problem}")
+    timed, not_timed = plan(grid(db, args.families, args.batches, args.lengths, arch), args.max_calls, args.seed)
+    peers = {"fwd": causal_conv1d("causal_conv1d_fn"), "bwd": causal_conv1d_bwd()}
+    doc = dict(device=device.name, arch=arch, db=str(db), copy_gbps=copy_ceiling_gbps(),
+               peer_version=causal_conv1d_version(), rows=[], not_timed=not_timed)
+    if doc["peer_version"] is None:
+        raise SystemExit("bench_vs_peer.py: causal-conv1d is not installed: there is no peer to time against")
+    rt = runtime()
+    with tempfile.TemporaryDirectory(prefix="cc1d-vs-peer-") as tmp:
+        rt.set_package_dir(str(package_dir_with(db, arch, Path(tmp), "db")))
+        bar = tqdm(total=len(timed), desc="calls", unit="call", disable=None)
+        try:
+            for c in timed:
+                shape = c.shape
+                problem = problem_for(shape.op)
+                sets = [problem.make_inputs(shape, seed=k) for k in range(n_buffers(problem.bytes_moved(shape)))]
+                ours, theirs = calls_of(shape, sets, peers[shape.op])
+                times = graph_times_us({"cc1d": ours, "peer": theirs})
+                row = dict(family=c.family_key, features=c.features, call=list(c.call), variant=c.after,
+                           served_by=c.after_shape, entry=c.entry, copy_frac=None)
+                for name, t in times.items():
+                    row[f"{name}_us" if isinstance(t, float) else f"{name}_error"] = t
+                if row.get("cc1d_us"):
+                    row["copy_frac"] = problem.bytes_moved(shape) / (row["cc1d_us"] * 1e-6) / 1e9 / doc["copy_gbps"]
+                row["vs_peer"] = ratio(row.get("peer_us"), row.get("cc1d_us"))
+                doc["rows"].append(row)
+                tqdm.write(line(row))
+                if args.out:  # after every call: a run that is stopped keeps what it measured
+                    write_json(args.out, doc)
+                del sets
+                torch.cuda.empty_cache()
+                bar.update(1)
+        finally:
+            bar.close()
+            rt.set_package_dir(str(Path(cc1d.__file__).resolve().parent))
+    return doc
+
+
+def _us(row: dict, name: str) -> str:
+    t = row.get(f"{name}_us")
+    return f"{t:.1f}" if t is not None else f"failed: {row.get(f'{name}_error', '?')[:60]}"
+
+
+def line(row: dict) -> str:
+    from cc1d.tuner.moves import short_variant
+    frac = row.get("copy_frac")
+    vs = row.get("vs_peer")
+    return (f"| {row['family']} | {row['features'] or '-'} | {tuple(row['call'])}{' entry' if row.get('entry') else ''} | "
+            f"{short_variant(row['variant'], row['family'])} | {_us(row, 'cc1d')} | "
+            f"{f'{100 * frac:.0f} %' if frac else '-'} | {_us(row, 'peer')} | {f'{vs:.2f}x' if vs else '-'} |")
+
+
+def behind_rows(doc: dict) -> list[dict]:
+    """The timed calls behind the peer: the peer faster by more than the guard's 3 %
+    (tuner/guard.py SLOWER), or cc1d failing where the peer ran."""
+    from cc1d.tuner.guard import SLOWER
+    out = []
+    for r in doc["rows"]:
+        ours, theirs = r.get("cc1d_us"), r.get("peer_us")
+        if theirs is not None and (ours is None or ours > SLOWER * theirs):
+            out.append(r)
+    return out
+
+
+def by_family(rows: list[dict]) -> list[dict]:
+    """Per family: calls timed, how many are behind the peer, and the geometric mean of the
+    speed against it (None where no call had both times); most behind first."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(r["family"], []).append(r)
+    out = []
+    for family, rs in groups.items():
+        speeds = [r["vs_peer"] for r in rs if r.get("vs_peer") is not None]
+        out.append(dict(family=family, calls=len(rs), behind=len(behind_rows({"rows": rs})),
+                        geomean=statistics.geometric_mean(speeds) if speeds else None))
+    return sorted(out, key=lambda g: (-g["behind"], g["geomean"] if g["geomean"] is not None else 0.0))
+
+
+def print_table(doc: dict) -> None:
+    print(f"\n{doc['device']}; copy ceiling {doc['copy_gbps']:.0f} GB/s; causal_conv1d {doc['peer_version']}; "
+          f"DB {doc['db']}")
+    print("| family | features | (batch, dim, seqlen) | variant served | cc1d µs | cc1d % of copy | peer µs | "
+          "speed vs peer |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in sorted(doc["rows"], key=lambda r: r.get("vs_peer") or 0.0):
+        print(line(row))
+    print("\n| family | calls timed | behind the peer > 3 % or failing | geometric mean speed vs peer |")
+    print("|---|---|---|---|")
+    for g in by_family(doc["rows"]):
+        geo = f"{g['geomean']:.2f}x" if g["geomean"] is not None else "-"
+        print(f"| {g['family']} | {g['calls']} | {g['behind']} | {geo} |")
+    print(f"{len(doc['rows'])} calls timed, {len(behind_rows(doc))} behind the peer (by more than 3 %, or failing "
+          f"where it ran); {len(doc['not_timed'])} not timed")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)  # before torch touches a GPU: a bad option costs nothing
+    if args.list:
+        db = args.db or REPO / "tuning_db" / "sm_90.db"
+        problem = unmatched(db, args.families)
+        if problem:
+            print(f"bench_vs_peer.py: {problem}", file=sys.stderr)
+            return 2
+        print_list(grid(db, args.families, args.batches, args.lengths), args.max_calls, args.seed)
+        return 0
+    with tempfile.TemporaryDirectory(prefix="cc1d-vs-peer-cache-") as cache:
+        os.environ["CC1D_CACHE_DIR"] = cache  # no user tuning DB ahead of --db in the chain
+        doc = measure(args)
+        print_table(doc)
+    if args.shapes_out:
+        n = write_behind(args.shapes_out, doc)
+        print(f"{n} calls behind the peer written to {args.shapes_out}" if n
+              else f"no call behind the peer: {args.shapes_out} not written")
+    return 0
+
+
+def write_behind(path: Path, doc: dict) -> int:
+    """The calls behind the peer (behind_rows) as a shapes file for cc1d-tune, written whole,
+    or nothing where there are none; how many."""
+    behind = behind_rows(doc)
+    if behind:
+        rows = [dict(r, before_variant=r["variant"], after_variant=r["variant"]) for r in behind]
+        write_shapes(path, doc, rows, header=f"calls behind causal-conv1d {doc['peer_version']} through "
+                                             f"{doc['db']} on {doc['device']} (benchmarks/bench_vs_peer.py)")
+    return len(behind)
+
+
+if __name__ == "__main__":
+    from script_exit import exit_with  # a sibling script
+    exit_with(main, "bench_vs_peer.py")
