@@ -131,14 +131,12 @@ def ratio(num: float | None, den: float | None) -> float | None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    import torch
     from tqdm import tqdm
 
     import cc1d
     from cc1d._runtime import runtime
-    from cc1d.tuner.problems import problem_for
     from peers import causal_conv1d, causal_conv1d_bwd, causal_conv1d_version
-    from timing import copy_ceiling_gbps, gpu_and_db, graph_times_us, n_buffers, write_json
+    from timing import copy_ceiling_gbps, gpu_and_db, write_json
 
     device, after = gpu_and_db("bench_moves.py", args.after, "--after", "--list")
     arch = device.target
@@ -156,36 +154,47 @@ def measure(args: argparse.Namespace) -> dict:
         bar = tqdm(total=len(timed), desc="moved calls", unit="call", disable=None)
         try:
             for m in timed:
-                b, d, n = m.call
-                shape = m.shape
-                problem = problem_for(shape.op)
-                sets = [problem.make_inputs(shape, seed=k)
-                        for k in range(n_buffers(problem.bytes_moved(shape)))]
-                ours, theirs = calls_of(shape, sets, peers[shape.op])
-                cands = {"after": ours, "before": ours}
-                if theirs is not None:
-                    cands["peer"] = theirs
-                times = graph_times_us(cands, setup=setup)
-                row = dict(family=m.family_key, features=m.features, call=[b, d, n], copy_frac_after=None,
+                times, nbytes = time_call(m.shape, peers[m.shape.op], ("after", "before"), setup)
+                row = dict(family=m.family_key, features=m.features, call=list(m.call), copy_frac_after=None,
                            before_variant=m.before, after_variant=m.after, entry=m.entry,
-                           after_shape=m.after_shape)
-                for name, t in times.items():
-                    row[f"{name}_us" if isinstance(t, float) else f"{name}_error"] = t
+                           after_shape=m.after_shape, **times)
                 if row.get("after_us"):
-                    row["copy_frac_after"] = problem.bytes_moved(shape) / (row["after_us"] * 1e-6) / 1e9 / copy_gbps
+                    row["copy_frac_after"] = nbytes / (row["after_us"] * 1e-6) / 1e9 / copy_gbps
                 row["after_vs_before"] = ratio(row.get("before_us"), row.get("after_us"))
                 row["after_vs_peer"] = ratio(row.get("peer_us"), row.get("after_us"))
                 doc["rows"].append(row)
                 tqdm.write(line(row))
                 if args.out:  # after every call: a run that is stopped keeps what it measured
                     write_json(args.out, doc)
-                del sets
-                torch.cuda.empty_cache()
                 bar.update(1)
         finally:
             bar.close()
             rt.set_package_dir(str(Path(cc1d.__file__).resolve().parent))
     return doc
+
+
+def time_call(shape, peer, names: tuple[str, ...], setup: dict | None = None,
+              device: str = "cuda") -> tuple[dict, int]:
+    """The shape's call made on fresh inputs (tuner/problems.py) and timed as cc1d under each
+    of `names` (`setup[name]` run before that one is captured) and as the peer where it has
+    one, replays interleaved (timing.graph_times_us): `<name>_us` or `<name>_error` for each,
+    and the bytes the call moves. The inputs are freed before it returns. (bench_vs_peer.py
+    times its calls with it too.)"""
+    import torch
+
+    from cc1d.tuner.problems import problem_for
+    from timing import graph_times_us, n_buffers
+    problem = problem_for(shape.op)
+    sets = [problem.make_inputs(shape, seed=k, device=device) for k in range(n_buffers(problem.bytes_moved(shape)))]
+    ours, theirs = calls_of(shape, sets, peer)
+    cands = {name: ours for name in names}
+    if theirs is not None:
+        cands["peer"] = theirs
+    times = graph_times_us(cands, setup=setup)
+    del sets, ours, theirs
+    torch.cuda.empty_cache()
+    return ({f"{n}_us" if isinstance(t, float) else f"{n}_error": t for n, t in times.items()},
+            problem.bytes_moved(shape))
 
 
 def calls_of(shape, sets: list[dict], peer) -> tuple[list, list | None]:
@@ -215,7 +224,7 @@ def calls_of(shape, sets: list[dict], peer) -> tuple[list, list | None]:
     return ours, theirs
 
 
-def _us(row: dict, name: str) -> str:
+def us_text(row: dict, name: str) -> str:
     t = row.get(f"{name}_us")
     return f"{t:.1f}" if t is not None else f"failed: {row.get(f'{name}_error', '?')[:60]}"
 
@@ -227,13 +236,13 @@ def _x(v: float | None) -> str:
 def line(row: dict) -> str:
     from cc1d.tuner.moves import short_variant
     fam = row["family"]
-    peer = _us(row, "peer") if "peer_us" in row or "peer_error" in row else "-"
+    peer = us_text(row, "peer") if "peer_us" in row or "peer_error" in row else "-"
     frac = row.get("copy_frac_after")
     entry = " entry" if row.get("entry") else ""
     return (f"| {fam} | {row['features'] or '-'} | {tuple(row['call'])}{entry} | "
             f"{short_variant(row['before_variant'], fam)} -> {short_variant(row['after_variant'], fam)} | "
-            f"{_us(row, 'before')} | "
-            f"{_us(row, 'after')} | {f'{100 * frac:.0f} %' if frac else '-'} | {_x(row['after_vs_before'])} | "
+            f"{us_text(row, 'before')} | "
+            f"{us_text(row, 'after')} | {f'{100 * frac:.0f} %' if frac else '-'} | {_x(row['after_vs_before'])} | "
             f"{peer} | {_x(row['after_vs_peer'])} |")
 
 

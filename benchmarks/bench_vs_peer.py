@@ -30,7 +30,7 @@ import tempfile
 from itertools import product
 from pathlib import Path
 
-from bench_moves import calls_of, new_file_error, package_dir_with, ratio, write_shapes  # siblings
+from bench_moves import new_file_error, package_dir_with, ratio, time_call, us_text, write_shapes  # siblings
 from bench_near import positive_ints
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,50 +162,40 @@ def short(call) -> str:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    import torch
     from tqdm import tqdm
 
     import cc1d
     from cc1d._runtime import runtime
-    from cc1d.tuner.problems import problem_for
     from peers import causal_conv1d, causal_conv1d_bwd, causal_conv1d_version
-    from timing import copy_ceiling_gbps, gpu_and_db, graph_times_us, n_buffers, write_json
+    from timing import copy_ceiling_gbps, gpu_and_db, write_json
 
     device, db = gpu_and_db("bench_vs_peer.py", args.db, "--db", "--list")
     arch = device.target
     problem = unmatched(db, args.families, arch)
     if problem:
         raise SystemExit(f"bench_vs_peer.py: {problem}")
+    if causal_conv1d_version() is None:
+        raise SystemExit("bench_vs_peer.py: causal-conv1d is not installed: there is no peer to time against")
     timed, not_timed = plan(grid(db, args.families, args.batches, args.lengths, arch), args.max_calls, args.seed)
     peers = {"fwd": causal_conv1d("causal_conv1d_fn"), "bwd": causal_conv1d_bwd()}
     doc = dict(device=device.name, arch=arch, db=str(db), copy_gbps=copy_ceiling_gbps(),
                peer_version=causal_conv1d_version(), rows=[], not_timed=not_timed)
-    if doc["peer_version"] is None:
-        raise SystemExit("bench_vs_peer.py: causal-conv1d is not installed: there is no peer to time against")
     rt = runtime()
     with tempfile.TemporaryDirectory(prefix="cc1d-vs-peer-") as tmp:
         rt.set_package_dir(str(package_dir_with(db, arch, Path(tmp), "db")))
         bar = tqdm(total=len(timed), desc="calls", unit="call", disable=None)
         try:
             for c in timed:
-                shape = c.shape
-                problem = problem_for(shape.op)
-                sets = [problem.make_inputs(shape, seed=k) for k in range(n_buffers(problem.bytes_moved(shape)))]
-                ours, theirs = calls_of(shape, sets, peers[shape.op])
-                times = graph_times_us({"cc1d": ours, "peer": theirs})
+                times, nbytes = time_call(c.shape, peers[c.shape.op], ("cc1d",))
                 row = dict(family=c.family_key, features=c.features, call=list(c.call), variant=c.after,
-                           served_by=c.after_shape, entry=c.entry, copy_frac=None)
-                for name, t in times.items():
-                    row[f"{name}_us" if isinstance(t, float) else f"{name}_error"] = t
+                           served_by=c.after_shape, entry=c.entry, copy_frac=None, **times)
                 if row.get("cc1d_us"):
-                    row["copy_frac"] = problem.bytes_moved(shape) / (row["cc1d_us"] * 1e-6) / 1e9 / doc["copy_gbps"]
+                    row["copy_frac"] = nbytes / (row["cc1d_us"] * 1e-6) / 1e9 / doc["copy_gbps"]
                 row["vs_peer"] = ratio(row.get("peer_us"), row.get("cc1d_us"))
                 doc["rows"].append(row)
                 tqdm.write(line(row))
                 if args.out:  # after every call: a run that is stopped keeps what it measured
                     write_json(args.out, doc)
-                del sets
-                torch.cuda.empty_cache()
                 bar.update(1)
         finally:
             bar.close()
@@ -213,18 +203,13 @@ def measure(args: argparse.Namespace) -> dict:
     return doc
 
 
-def _us(row: dict, name: str) -> str:
-    t = row.get(f"{name}_us")
-    return f"{t:.1f}" if t is not None else f"failed: {row.get(f'{name}_error', '?')[:60]}"
-
-
 def line(row: dict) -> str:
     from cc1d.tuner.moves import short_variant
     frac = row.get("copy_frac")
     vs = row.get("vs_peer")
     return (f"| {row['family']} | {row['features'] or '-'} | {tuple(row['call'])}{' entry' if row.get('entry') else ''} | "
-            f"{short_variant(row['variant'], row['family'])} | {_us(row, 'cc1d')} | "
-            f"{f'{100 * frac:.0f} %' if frac else '-'} | {_us(row, 'peer')} | {f'{vs:.2f}x' if vs else '-'} |")
+            f"{short_variant(row['variant'], row['family'])} | {us_text(row, 'cc1d')} | "
+            f"{f'{100 * frac:.0f} %' if frac else '-'} | {us_text(row, 'peer')} | {f'{vs:.2f}x' if vs else '-'} |")
 
 
 def behind_rows(doc: dict) -> list[dict]:

@@ -322,3 +322,36 @@ def test_the_calls_pass_every_input_the_tuner_makes(monkeypatch, family, feature
     else:
         theirs[0]()
         assert seen["peer"][0][0] is sets[0]["x"]
+
+
+@pytest.mark.parametrize("with_peer", [True, False])
+def test_a_call_is_timed_under_each_name_and_the_peer_on_the_same_inputs(monkeypatch, with_peer):
+    """time_call (bench_moves.py's and bench_vs_peer.py's timing of one call) on CPU tensors,
+    cc1d, the peer and the graph timing replaced by recorders."""
+    pytest.importorskip("torch")
+    import timing
+
+    import cc1d
+    from cc1d.tuner.problems import problem_for
+    seen: dict = {"ours": [], "peer": []}
+    monkeypatch.setattr(cc1d, "causal_conv1d_bwd", lambda *a, **k: seen["ours"].append(a[0]))
+
+    def graph_times(cands, setup=None):
+        seen.update(names=list(cands), setup=setup)
+        for fns in cands.values():
+            for fn in fns:
+                fn()
+        return {"after": 10.0, "before": 12.5, "peer": "refused"} if with_peer else {"after": 10.0, "before": 12.5}
+    monkeypatch.setattr(timing, "graph_times_us", graph_times)
+    shape = Shape.of(family_from_key("bwd.cf.bf16wbf16.w4"), 2, 16, 40, ["bias", "silu"])
+    peer = (lambda *a, **k: seen["peer"].append(a[0])) if with_peer else None
+    times, nbytes = moves_script.time_call(shape, peer, ("after", "before"), setup={"after": print}, device="cpu")
+    assert nbytes == problem_for("bwd").bytes_moved(shape)
+    assert seen["names"] == (["after", "before", "peer"] if with_peer else ["after", "before"])
+    assert seen["setup"] == {"after": print}
+    want = {"after_us": 10.0, "before_us": 12.5}
+    assert times == (dict(want, peer_error="refused") if with_peer else want)
+    sets = len(seen["ours"]) // 2
+    assert sets >= 1 and all(a is b for a, b in zip(seen["ours"][:sets], seen["ours"][sets:]))  # same inputs
+    if with_peer:
+        assert all(a is b for a, b in zip(seen["peer"], seen["ours"][:sets], strict=True))
