@@ -10,7 +10,9 @@ through the DB and through the peer on the same inputs (graph replays interleave
 timing.graph_times_us), lists them slowest against the peer first, and can write those
 behind it by more than 3 % as a shapes file for the next tuning run
 (benchmarks/device_tune.sh). Calls the peer cannot make (widths above 4, a backward with
-states) are listed as not timed.
+states) are listed as not timed; one it refuses when called (channel-first seq_idx) is
+timed alone, its refusal in the peer's column, and never counted behind it (session 70's
+sweep found such a call at 1 % of copy that way).
 
     python benchmarks/bench_vs_peer.py --families bwd.cf.f32 [--db DB] [--batches 1,4,16]
         [--lengths 1000,3000] [--max-calls 60] [--out p.json] [--shapes-out behind.yaml]

@@ -45,7 +45,7 @@ def test_its_test_modules_exist_and_its_files_fit_the_limit():
     modules = re.findall(r"tests/(test_\w+\.py)", text)
     assert len(modules) == 5 and all((ROOT / "tests" / m).is_file() for m in modules)
     files = set(re.findall(r'"\$OUT/([\w.]+)"', text))
-    assert files == {"tune.log", "tune.db", "merge.log", "tests.log"}
+    assert files == {"tune.log", "tune.db", "merge.log", "tests.log", "moves.log", "moves.json", "slowed.yaml"}
 
 
 def _without(tmp_path, *variant_keys: str) -> Path:
@@ -113,3 +113,57 @@ def test_the_setup_installs_the_wheels_then_the_checkout_then_the_peer(tmp_path)
     res = subprocess.run(["bash", "-c", script], cwd=work, env={**env, "BUILD_FAILS": "1"}, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 1 and "PYTHONPATH" not in res.stdout  # a failed build stops the script there
+
+
+def _fake_run(tmp_path, new_keys: str, **env_extra) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """device_tune.sh in a stand-in checkout, through a python3 that records its commands and
+    plays each one's part: the arch, a run's DB, the merge, new_variants.py's keys."""
+    calls, out, work = tmp_path / "calls", tmp_path / "out", tmp_path / "work"
+    fake = tmp_path / "bin" / "python3"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(f"""#!/bin/sh
+echo "$@" >> {calls}
+case "$*" in
+  "-P -c "*) echo sm_90;;
+  "-P -m cc1d.tuner --shapes"*) : > {out}/tune.db;;
+  "benchmarks/new_variants.py"*) [ -n "$NEW_KEYS" ] && echo "$NEW_KEYS";;
+  "benchmarks/bench_moves.py"*) echo "| family | served after by the entry |"; echo "1 calls timed";;
+esac
+exit 0
+""")
+    fake.chmod(0o755)
+    (work / "benchmarks").mkdir(parents=True)
+    shutil.copy(ROOT / "benchmarks" / "device_setup.sh", work / "benchmarks")
+    (work / "tuning_db").mkdir()
+    (work / "tuning_db" / "sm_90.db").write_text("")
+    (work / "s.yaml").write_text("shapes: []\n")
+    env = {"PATH": f"{fake.parent}:/usr/bin:/bin", "OUT": str(out), "NEW_KEYS": new_keys, **env_extra}
+    res = subprocess.run(["bash", str(SCRIPT), "s.yaml", "--ops", "bwd"], cwd=work, env=env, capture_output=True,
+                         text=True, timeout=60)
+    return res, calls.read_text().splitlines()
+
+
+def _step(calls: list[str], start: str) -> int:
+    return next(i for i, c in enumerate(calls) if c.startswith(start))
+
+
+def test_the_run_is_merged_tested_then_its_moves_timed(tmp_path):
+    res, calls = _fake_run(tmp_path, "bwd.cf.x or bwd.cf.y")
+    assert res.returncode == 0, res.stdout + res.stderr
+    tune, merge = _step(calls, "-P -m cc1d.tuner --shapes"), _step(calls, "-P -m cc1d.tuner db merge")
+    tests, moves = _step(calls, "-P -m pytest"), _step(calls, "benchmarks/bench_moves.py")
+    assert tune < merge < tests < moves
+    assert calls[tune].endswith("--ops bwd") and '-k bwd.cf.x or bwd.cf.y' in calls[tests]
+    work, out = tmp_path / "work", tmp_path / "out"
+    assert re.fullmatch(rf"benchmarks/bench_moves.py --before \S+/before.db --after {work}/tuning_db/sm_90.db "
+                        rf"--entries --max-calls 40 --out {out}/moves.json --shapes-out {out}/slowed.yaml", calls[moves])
+
+
+def test_the_moves_are_timed_where_no_variant_is_new_and_skipped_with_moves_max_0(tmp_path):
+    res, calls = _fake_run(tmp_path / "a", "")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not any(c.startswith("-P -m pytest") for c in calls)
+    assert "no variant tests to run" in (tmp_path / "a" / "out" / "tests.log").read_text()
+    assert any(c.startswith("benchmarks/bench_moves.py") for c in calls)
+    res, calls = _fake_run(tmp_path / "b", "", MOVES_MAX="0")
+    assert res.returncode == 0 and not any(c.startswith("benchmarks/bench_moves.py") for c in calls)
