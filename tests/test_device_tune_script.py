@@ -128,6 +128,7 @@ case "$*" in
   "-P -m cc1d.tuner --shapes"*) : > {out}/tune.db;;
   "benchmarks/new_variants.py"*) [ -n "$NEW_KEYS" ] && echo "$NEW_KEYS";;
   "benchmarks/bench_moves.py"*) echo "| family | served after by the entry |"; echo "1 calls timed";;
+  "-P -m pytest"*) exit "${{TESTS_FAIL:-0}}";;
 esac
 exit 0
 """)
@@ -167,3 +168,9 @@ def test_the_moves_are_timed_where_no_variant_is_new_and_skipped_with_moves_max_
     assert any(c.startswith("benchmarks/bench_moves.py") for c in calls)
     res, calls = _fake_run(tmp_path / "b", "", MOVES_MAX="0")
     assert res.returncode == 0 and not any(c.startswith("benchmarks/bench_moves.py") for c in calls)
+
+
+def test_a_failed_variant_test_fails_the_run_after_its_moves_are_timed(tmp_path):
+    res, calls = _fake_run(tmp_path, "bwd.cf.x", TESTS_FAIL="1")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert any(c.startswith("benchmarks/bench_moves.py") for c in calls)
