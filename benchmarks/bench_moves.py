@@ -29,6 +29,7 @@ import os
 import statistics
 import tempfile
 from pathlib import Path
+from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[1]
 TIMED_OPS = ("fwd", "bwd")
@@ -131,12 +132,9 @@ def ratio(num: float | None, den: float | None) -> float | None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from tqdm import tqdm
-
-    import cc1d
     from cc1d._runtime import runtime
     from peers import causal_conv1d, causal_conv1d_bwd, causal_conv1d_version
-    from timing import copy_ceiling_gbps, gpu_and_db, write_json
+    from timing import copy_ceiling_gbps, gpu_and_db
 
     device, after = gpu_and_db("bench_moves.py", args.after, "--after", "--list")
     arch = device.target
@@ -151,26 +149,44 @@ def measure(args: argparse.Namespace) -> dict:
         dirs = {"after": package_dir_with(after, arch, Path(tmp), "after"),
                 "before": package_dir_with(args.before, arch, Path(tmp), "before")}
         setup = {name: (lambda d=d: rt.set_package_dir(str(d))) for name, d in dirs.items()}
-        bar = tqdm(total=len(timed), desc="moved calls", unit="call", disable=None)
-        try:
-            for m in timed:
-                times, nbytes = time_call(m.shape, peers[m.shape.op], ("after", "before"), setup)
-                row = dict(family=m.family_key, features=m.features, call=list(m.call), copy_frac_after=None,
-                           before_variant=m.before, after_variant=m.after, entry=m.entry,
-                           after_shape=m.after_shape, **times)
-                if row.get("after_us"):
-                    row["copy_frac_after"] = nbytes / (row["after_us"] * 1e-6) / 1e9 / copy_gbps
-                row["after_vs_before"] = ratio(row.get("before_us"), row.get("after_us"))
-                row["after_vs_peer"] = ratio(row.get("peer_us"), row.get("after_us"))
-                doc["rows"].append(row)
-                tqdm.write(line(row))
-                if args.out:  # after every call: a run that is stopped keeps what it measured
-                    write_json(args.out, doc)
-                bar.update(1)
-        finally:
-            bar.close()
-            rt.set_package_dir(str(Path(cc1d.__file__).resolve().parent))
+
+        def row_of(m) -> dict:
+            times, nbytes = time_call(m.shape, peers[m.shape.op], ("after", "before"), setup)
+            row = dict(family=m.family_key, features=m.features, call=list(m.call), copy_frac_after=None,
+                       before_variant=m.before, after_variant=m.after, entry=m.entry,
+                       after_shape=m.after_shape, **times)
+            if row.get("after_us"):
+                row["copy_frac_after"] = nbytes / (row["after_us"] * 1e-6) / 1e9 / copy_gbps
+            row["after_vs_before"] = ratio(row.get("before_us"), row.get("after_us"))
+            row["after_vs_peer"] = ratio(row.get("peer_us"), row.get("after_us"))
+            return row
+        collect_rows(timed, row_of, line, doc, args.out, "moved calls")
     return doc
+
+
+def collect_rows(calls: list, row_of: Callable[[Any], dict], show: Callable[[dict], str], doc: dict,
+                 out: Path | None, desc: str) -> None:
+    """doc["rows"] gains row_of(call) for each call in turn, each printed (show) as it comes,
+    with a progress bar, and doc is rewritten to `out` after every call: a run that is stopped
+    keeps what it measured. However it ends, the dispatcher is pointed back at the installed
+    package's DBs (row_of may point it elsewhere). bench_vs_peer.py collects its rows here too."""
+    from tqdm import tqdm
+
+    import cc1d
+    from cc1d._runtime import runtime
+    from timing import write_json
+    bar = tqdm(total=len(calls), desc=desc, unit="call", disable=None)
+    try:
+        for c in calls:
+            row = row_of(c)
+            doc["rows"].append(row)
+            tqdm.write(show(row))
+            if out:
+                write_json(out, doc)
+            bar.update(1)
+    finally:
+        bar.close()
+        runtime().set_package_dir(str(Path(cc1d.__file__).resolve().parent))
 
 
 def time_call(shape, peer, names: tuple[str, ...], setup: dict | None = None,
@@ -249,11 +265,18 @@ def line(row: dict) -> str:
 def slowed_rows(doc: dict) -> list[dict]:
     """The timed calls the change slowed: more than 3 % (the guard's SLOWER), or failing
     after where they ran before."""
+    return slower_rows(doc, "after", "before")
+
+
+def slower_rows(doc: dict, name: str, than: str) -> list[dict]:
+    """The rows whose `name` time is more than the guard's 3 % (tuner/guard.py SLOWER) above
+    their `than` time, or missing (failed) where `than` has one (slowed_rows here,
+    bench_vs_peer.py's behind_rows)."""
     from cc1d.tuner.guard import SLOWER
     out = []
     for r in doc["rows"]:
-        before, after = r.get("before_us"), r.get("after_us")
-        if before is not None and (after is None or after > SLOWER * before):
+        ref, t = r.get(f"{than}_us"), r.get(f"{name}_us")
+        if ref is not None and (t is None or t > SLOWER * ref):
             out.append(r)
     return out
 
@@ -278,16 +301,25 @@ def by_entry(rows: list[dict]) -> list[dict]:
     that took them over; an entry's own call counts with it), most slowed first: how many,
     how many slowed (slowed_rows), and the geometric mean of after vs before over those
     timed through both DBs (None where none was)."""
-    groups: dict[tuple[str, str], list[dict]] = {}
+    return [dict(family=family, shape=shape, calls=n, slowed=bad, geomean=geo)
+            for (family, shape), n, bad, geo in grouped(rows, lambda r: (r["family"], r.get("after_shape") or "?"),
+                                                        slowed_rows, "after_vs_before")]
+
+
+def grouped(rows: list[dict], key: Callable[[dict], Any], bad_rows: Callable[[dict], list],
+            speed: str) -> list[tuple[Any, int, int, float | None]]:
+    """The rows grouped by key(row), as (key, calls, bad, geomean): how many rows, how many of
+    them bad_rows finds (given {"rows": the group's}), and the geometric mean of their `speed`
+    ratios (None where none has one); the groups with the most bad rows first, then the
+    slowest (by_entry here, bench_vs_peer.py's by_family)."""
+    groups: dict[Any, list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["family"], r.get("after_shape") or "?"), []).append(r)
+        groups.setdefault(key(r), []).append(r)
     out = []
-    for (family, shape), rs in groups.items():
-        speeds = [r["after_vs_before"] for r in rs if r["after_vs_before"] is not None]
-        geo = statistics.geometric_mean(speeds) if speeds else None
-        out.append(dict(family=family, shape=shape, calls=len(rs), slowed=len(slowed_rows({"rows": rs})),
-                        geomean=geo))
-    return sorted(out, key=lambda g: (-g["slowed"], g["geomean"] if g["geomean"] is not None else 0.0))
+    for k, rs in groups.items():
+        speeds = [r[speed] for r in rs if r.get(speed) is not None]
+        out.append((k, len(rs), len(bad_rows({"rows": rs})), statistics.geometric_mean(speeds) if speeds else None))
+    return sorted(out, key=lambda g: (-g[2], g[3] if g[3] is not None else 0.0))
 
 
 def print_table(doc: dict) -> None:

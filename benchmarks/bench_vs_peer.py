@@ -26,13 +26,12 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import statistics
 import sys
 import tempfile
-from itertools import product
 from pathlib import Path
 
-from bench_moves import new_file_error, package_dir_with, ratio, time_call, us_text, write_shapes  # siblings
+from bench_moves import (collect_rows, grouped, new_file_error, package_dir_with, ratio,  # siblings
+                         slower_rows, time_call, us_text, write_shapes)
 from bench_near import positive_ints
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,38 +79,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def grid(db: Path, prefixes: list[str], batches: list[int], lengths: list[int], arch: str | None = None) -> list:
-    """Each chosen family's calls (families whose key starts with one of `prefixes`; one
-    arch's, or every arch's): `batches` x the family's tuned dims x `lengths` x each feature
-    set it was tuned with, as tuner/moves.py Moves whose variant before and after is the one
-    the DB serves the call (entry: it is a tuned shape)."""
-    from cc1d.tuner.db import TuningDB, family_from_key
-    from cc1d.tuner.moves import Move, snapshot
-    from cc1d.tuner.serving import serve_from
-    from cc1d.tuner.shapes import Shape
+def chosen_calls(db: Path, args: argparse.Namespace, arch: str | None = None) -> list:
+    """grid's calls for the options, from the DB read once; where a --families prefix names
+    no family (unmatched), SystemExit with status 2, the message on stderr."""
+    from cc1d.tuner.db import TuningDB
+    from cc1d.tuner.moves import snapshot
     with TuningDB(db, readonly=True) as t:
         rows_of = snapshot(t)
+    problem = unmatched(rows_of, db, args.families, arch)
+    if problem:
+        print(f"bench_vs_peer.py: {problem}", file=sys.stderr)
+        raise SystemExit(2)
+    return grid(rows_of, args.families, args.batches, args.lengths, arch)
+
+
+def grid(rows_of: dict, prefixes: list[str], batches: list[int], lengths: list[int], arch: str | None = None) -> list:
+    """Each chosen family's calls (families whose key starts with one of `prefixes`; one
+    arch's, or every arch's, of a DB's winners rows, tuner/moves.py snapshot): tuner/moves.py
+    grid_calls with `batches` and `lengths`, tuned shapes included, as Moves whose variant
+    before and after is the one the DB serves the call (entry: it is a tuned shape)."""
+    from cc1d.tuner.moves import Move, grid_calls
+    from cc1d.tuner.serving import serve_from
     calls = []
     for (a, fkey), rows in sorted(rows_of.items()):
         if arch not in (None, a) or not any(fkey.startswith(p) for p in prefixes):
             continue
-        family = family_from_key(fkey)
-        dims = sorted({r["dim"] for r in rows})
-        for feats, b, d, n in product(sorted({r["features"] for r in rows}), batches, dims, lengths):
-            shape = Shape.of(family, b, d, n, [f for f in feats.split(",") if f])
+        for feats, call, shape in grid_calls(fkey, rows, batches, lengths, with_tuned=True):
             served = serve_from(rows, a, shape)
-            calls.append(Move(a, fkey, feats, (b, d, n), served["variant_key"], served["variant_key"],
+            calls.append(Move(a, fkey, feats, call, served["variant_key"], served["variant_key"],
                               entry=served["shape_key"] == shape.key(), after_shape=served["shape_key"]))
     return calls
 
 
-def unmatched(db: Path, prefixes: list[str], arch: str | None = None) -> str | None:
+def unmatched(rows_of: dict, db: Path, prefixes: list[str], arch: str | None = None) -> str | None:
     """What to tell a user whose --families prefixes name no forward or backward family of
-    the DB (one arch's, or any arch's), or None where each names one."""
-    from cc1d.tuner.db import TuningDB
-    from cc1d.tuner.moves import snapshot
-    with TuningDB(db, readonly=True) as t:
-        keys = sorted({fkey for (a, fkey) in snapshot(t) if arch in (None, a)})
+    the DB's winners rows (one arch's, or any arch's), or None where each names one."""
+    keys = sorted({fkey for (a, fkey) in rows_of if arch in (None, a)})
     missing = [p for p in prefixes if not any(k.startswith(p) for k in keys)]
     if not missing:
         return None
@@ -122,11 +125,9 @@ def unmatched(db: Path, prefixes: list[str], arch: str | None = None) -> str | N
 
 def why_no_peer(call) -> str | None:
     """Why the peer cannot make this call (so it is not timed), or None where it can."""
-    family = call.shape.family()
+    family = call.shape.family()  # a forward or backward one: grid takes no other
     if family.width not in PEER_WIDTHS:
         return f"width {family.width}: the peer takes widths {PEER_WIDTHS[0]}-{PEER_WIDTHS[-1]}"
-    if family.op not in ("fwd", "bwd"):
-        return f"op {family.op}"
     if family.op == "bwd" and (call.shape.initial_states or call.shape.final_states):
         return "a backward with states: the peer's wrapper here takes none"
     return None
@@ -164,44 +165,32 @@ def short(call) -> str:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from tqdm import tqdm
-
-    import cc1d
     from cc1d._runtime import runtime
     from peers import causal_conv1d, causal_conv1d_bwd, causal_conv1d_version
-    from timing import copy_ceiling_gbps, gpu_and_db, write_json
+    from timing import copy_ceiling_gbps, gpu_and_db
 
     device, db = gpu_and_db("bench_vs_peer.py", args.db, "--db", "--list")
     arch = device.target
-    problem = unmatched(db, args.families, arch)
-    if problem:
-        raise SystemExit(f"bench_vs_peer.py: {problem}")
-    if causal_conv1d_version() is None:
+    calls = chosen_calls(db, args, arch)
+    version = causal_conv1d_version()
+    if version is None:
         raise SystemExit("bench_vs_peer.py: causal-conv1d is not installed: there is no peer to time against")
-    timed, not_timed = plan(grid(db, args.families, args.batches, args.lengths, arch), args.max_calls, args.seed)
+    timed, not_timed = plan(calls, args.max_calls, args.seed)
     peers = {"fwd": causal_conv1d("causal_conv1d_fn"), "bwd": causal_conv1d_bwd()}
     doc = dict(device=device.name, arch=arch, db=str(db), copy_gbps=copy_ceiling_gbps(),
-               peer_version=causal_conv1d_version(), rows=[], not_timed=not_timed)
-    rt = runtime()
+               peer_version=version, rows=[], not_timed=not_timed)
+
+    def row_of(c) -> dict:
+        times, nbytes = time_call(c.shape, peers[c.shape.op], ("cc1d",))
+        row = dict(family=c.family_key, features=c.features, call=list(c.call), variant=c.after,
+                   served_by=c.after_shape, entry=c.entry, copy_frac=None, **times)
+        if row.get("cc1d_us"):
+            row["copy_frac"] = nbytes / (row["cc1d_us"] * 1e-6) / 1e9 / doc["copy_gbps"]
+        row["vs_peer"] = ratio(row.get("peer_us"), row.get("cc1d_us"))
+        return row
     with tempfile.TemporaryDirectory(prefix="cc1d-vs-peer-") as tmp:
-        rt.set_package_dir(str(package_dir_with(db, arch, Path(tmp), "db")))
-        bar = tqdm(total=len(timed), desc="calls", unit="call", disable=None)
-        try:
-            for c in timed:
-                times, nbytes = time_call(c.shape, peers[c.shape.op], ("cc1d",))
-                row = dict(family=c.family_key, features=c.features, call=list(c.call), variant=c.after,
-                           served_by=c.after_shape, entry=c.entry, copy_frac=None, **times)
-                if row.get("cc1d_us"):
-                    row["copy_frac"] = nbytes / (row["cc1d_us"] * 1e-6) / 1e9 / doc["copy_gbps"]
-                row["vs_peer"] = ratio(row.get("peer_us"), row.get("cc1d_us"))
-                doc["rows"].append(row)
-                tqdm.write(line(row))
-                if args.out:  # after every call: a run that is stopped keeps what it measured
-                    write_json(args.out, doc)
-                bar.update(1)
-        finally:
-            bar.close()
-            rt.set_package_dir(str(Path(cc1d.__file__).resolve().parent))
+        runtime().set_package_dir(str(package_dir_with(db, arch, Path(tmp), "db")))
+        collect_rows(timed, row_of, line, doc, args.out, "calls")  # points it back at the package's DBs
     return doc
 
 
@@ -217,27 +206,14 @@ def line(row: dict) -> str:
 def behind_rows(doc: dict) -> list[dict]:
     """The timed calls behind the peer: the peer faster by more than the guard's 3 %
     (tuner/guard.py SLOWER), or cc1d failing where the peer ran."""
-    from cc1d.tuner.guard import SLOWER
-    out = []
-    for r in doc["rows"]:
-        ours, theirs = r.get("cc1d_us"), r.get("peer_us")
-        if theirs is not None and (ours is None or ours > SLOWER * theirs):
-            out.append(r)
-    return out
+    return slower_rows(doc, "cc1d", "peer")
 
 
 def by_family(rows: list[dict]) -> list[dict]:
     """Per family: calls timed, how many are behind the peer, and the geometric mean of the
     speed against it (None where no call had both times); most behind first."""
-    groups: dict[str, list[dict]] = {}
-    for r in rows:
-        groups.setdefault(r["family"], []).append(r)
-    out = []
-    for family, rs in groups.items():
-        speeds = [r["vs_peer"] for r in rs if r.get("vs_peer") is not None]
-        out.append(dict(family=family, calls=len(rs), behind=len(behind_rows({"rows": rs})),
-                        geomean=statistics.geometric_mean(speeds) if speeds else None))
-    return sorted(out, key=lambda g: (-g["behind"], g["geomean"] if g["geomean"] is not None else 0.0))
+    return [dict(family=family, calls=n, behind=bad, geomean=geo)
+            for family, n, bad, geo in grouped(rows, lambda r: r["family"], behind_rows, "vs_peer")]
 
 
 def print_table(doc: dict) -> None:
@@ -260,12 +236,7 @@ def print_table(doc: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)  # before torch touches a GPU: a bad option costs nothing
     if args.list:
-        db = args.db or REPO / "tuning_db" / "sm_90.db"
-        problem = unmatched(db, args.families)
-        if problem:
-            print(f"bench_vs_peer.py: {problem}", file=sys.stderr)
-            return 2
-        print_list(grid(db, args.families, args.batches, args.lengths), args.max_calls, args.seed)
+        print_list(chosen_calls(args.db or REPO / "tuning_db" / "sm_90.db", args), args.max_calls, args.seed)
         return 0
     with tempfile.TemporaryDirectory(prefix="cc1d-vs-peer-cache-") as cache:
         os.environ["CC1D_CACHE_DIR"] = cache  # no user tuning DB ahead of --db in the chain

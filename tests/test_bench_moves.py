@@ -355,3 +355,34 @@ def test_a_call_is_timed_under_each_name_and_the_peer_on_the_same_inputs(monkeyp
     assert sets >= 1 and all(a is b for a, b in zip(seen["ours"][:sets], seen["ours"][sets:]))  # same inputs
     if with_peer:
         assert all(a is b for a, b in zip(seen["peer"], seen["ours"][:sets], strict=True))
+
+
+@pytest.mark.parametrize("fails_at", [None, 1])
+def test_rows_are_written_after_every_call_and_the_package_dbs_restored_however_it_ends(tmp_path, monkeypatch,
+                                                                                         fails_at):
+    """collect_rows (bench_moves.py's and bench_vs_peer.py's loop over the calls they time),
+    the runtime replaced by a recorder."""
+    import cc1d
+    import cc1d._runtime as rt_module
+    dirs = []
+    monkeypatch.setattr(rt_module, "runtime", lambda: type("R", (), {"set_package_dir": lambda self, d: dirs.append(d)})())
+    out = tmp_path / "rows.json"
+    seen_on_disk = []
+
+    def row_of(call):
+        if out.exists():
+            seen_on_disk.append(len(json.loads(out.read_text())["rows"]))
+        if call == fails_at:
+            raise RuntimeError("a call failed")
+        return dict(call=call)
+    doc = dict(rows=[])
+    shown = []
+    try:
+        moves_script.collect_rows([0, 1, 2], row_of, lambda r: shown.append(r["call"]) or str(r["call"]), doc, out,
+                                  "calls")
+    except RuntimeError:
+        assert fails_at == 1
+    want = [0, 1, 2] if fails_at is None else [0]
+    assert [r["call"] for r in doc["rows"]] == shown == want
+    assert json.loads(out.read_text())["rows"] == doc["rows"] and seen_on_disk == want[1:] + ([1] if fails_at else [])
+    assert dirs == [str(Path(cc1d.__file__).resolve().parent)]

@@ -75,10 +75,14 @@ def test_an_unreadable_db_ends_with_its_message_not_a_traceback(tmp_path):
     assert res.stderr.startswith(f"bench_vs_peer.py: tuning DB {junk}"), res.stderr
 
 
-def test_the_grid_holds_every_call_with_the_variant_the_db_serves_it():
-    calls = sweep.grid(SHIPPED, ["bwd.cf.f32wf32"], [1, 16], [128, 3000])
+def _shipped_rows() -> dict:
     with TuningDB(SHIPPED, readonly=True) as db:
-        rows = snapshot(db)[("sm_90", "bwd.cf.f32wf32.w4")]
+        return snapshot(db)
+
+
+def test_the_grid_holds_every_call_with_the_variant_the_db_serves_it():
+    calls = sweep.grid(_shipped_rows(), ["bwd.cf.f32wf32"], [1, 16], [128, 3000])
+    rows = _shipped_rows()[("sm_90", "bwd.cf.f32wf32.w4")]
     dims = sorted({r["dim"] for r in rows})
     feats = sorted({r["features"] for r in rows})
     assert len(calls) == len(feats) * 2 * len(dims) * 2 and len(set(calls)) == len(calls)
@@ -116,7 +120,7 @@ def test_the_peer_makes_widths_2_to_4_and_backward_calls_without_states():
 
 
 def test_the_timed_calls_reach_every_family_and_spread_over_its_grid():
-    calls = sweep.grid(SHIPPED, ["bwd"], [1, 2, 4, 8, 16], [128, 512, 1000, 2048, 3000, 4096, 8192, 16384])
+    calls = sweep.grid(_shipped_rows(), ["bwd"], [1, 2, 4, 8, 16], [128, 512, 1000, 2048, 3000, 4096, 8192, 16384])
     families = {c.family_key for c in calls}
     timed, rest = sweep.plan(calls, 4 * len(families))
     assert len(timed) == 4 * len(families) and len(rest) == len(calls) - len(timed)

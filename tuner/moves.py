@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import product, zip_longest
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from .db import TuningDB, family_from_key
 from .serving import serve_from
@@ -65,14 +65,17 @@ def _signature(rows: list[dict]) -> list[tuple]:
     return sorted(tuple(r[k] for k in _ROW_KEYS) for r in rows)
 
 
-def grid_calls(family_key: str, rows: list[dict]) -> Iterator[tuple[str, tuple[int, int, int], Shape]]:
-    """The untuned calls of a family's grid, as (features, call, shape): batches
-    GRID_BATCHES, the family's tuned dims, GRID_LENGTHS, each feature set the family was
-    tuned with; a tuned shape of `rows` is left out (its own winner serves it)."""
+def grid_calls(family_key: str, rows: list[dict], batches: Iterable[int] = GRID_BATCHES,
+               lengths: Iterable[int] = GRID_LENGTHS,
+               with_tuned: bool = False) -> Iterator[tuple[str, tuple[int, int, int], Shape]]:
+    """The untuned calls of a family's grid, as (features, call, shape): `batches`, the
+    family's tuned dims, `lengths`, each feature set the family was tuned with; a tuned shape
+    of `rows` is left out (its own winner serves it) unless `with_tuned` (the peer sweep,
+    benchmarks/bench_vs_peer.py, times those too)."""
     family = family_from_key(family_key)
-    tuned = {r["shape_key"] for r in rows}
+    tuned = set() if with_tuned else {r["shape_key"] for r in rows}
     dims = sorted({r["dim"] for r in rows})
-    for feats, b, d, n in product(sorted({r["features"] for r in rows}), GRID_BATCHES, dims, GRID_LENGTHS):
+    for feats, b, d, n in product(sorted({r["features"] for r in rows}), batches, dims, lengths):
         shape = Shape.of(family, b, d, n, [f for f in feats.split(",") if f])
         if shape.key() not in tuned:
             yield feats, (b, d, n), shape
