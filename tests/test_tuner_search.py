@@ -369,6 +369,35 @@ def test_family_starts_follow_the_shapes_own_winner_nearest_shape_first(tmp_path
         assert start_configs(untuned, ARCH, [old, other], family=1) == [own.params, near.params, far.params]
 
 
+def test_width_starts_follow_the_family_nearest_shape_then_nearest_width(tmp_path):
+    """start_configs(widths=N) adds, after the family's, the winners of N shapes of the same
+    op, layout and dtypes at other widths, nearest shape first, then nearest width; the
+    shape's own family, other layouts and other ops are not among them, nor repeats."""
+    valid = list(variants(CF.family(), arch_info(ARCH)))
+    own, w3_near, w6_near, w2_far = valid[1], valid[2], valid[3], valid[4]
+
+    def at(width, seqlen, layout="cf", op="fwd"):
+        return parse_shapes([{"op": op, "layout": layout, "width": width, "batch": 2, "dim": 256,
+                              "seqlen": seqlen}])[0]
+
+    def store(db, shape, v):
+        _store_winner(db, shape, Variant.of(shape.family(), **v.params))
+
+    with TuningDB(tmp_path / "old.db") as old:
+        _store_winner(old, CF, own)
+        store(old, at(2, 65536), w2_far)
+        store(old, at(6, 2048), w6_near)
+        store(old, at(3, 2048), w3_near)   # as near as width 6's, two widths nearer
+        store(old, at(3, 512), own)        # the shape's own config: not repeated
+        cl = at(3, 1024, layout="cl")
+        _store_winner(old, cl, default_variant(cl.family()))  # another layout
+        assert start_configs(CF, ARCH, [old]) == [own.params]
+        assert start_configs(CF, ARCH, [old], widths=1) == [own.params, w3_near.params]
+        assert start_configs(CF, ARCH, [old], widths=2) == [own.params, w3_near.params, w6_near.params]
+        assert start_configs(CF, ARCH, [old], widths=9) == [own.params, w3_near.params, w6_near.params,
+                                                            w2_far.params]
+
+
 def test_family_starts_are_tried_after_the_start_config_and_their_neighbours_after_its(db):
     """The search times the default, the shape's own start config, then the family's; every
     one-knob neighbour of the own config comes before those of the family config, and a

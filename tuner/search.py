@@ -19,14 +19,14 @@ import uuid
 import warnings
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from ..generator import EPOCH, Family, Variant, arch_info, default_variant, space_for, variants
+from ..generator import EPOCH, WIDTHS, Family, Variant, arch_info, default_variant, space_for, variants
 from .db import TuningDB
 from .evaluate import CandidateError, Evaluator
 from .measure import TIMING_METHOD, Timing, median_error
@@ -465,7 +465,7 @@ def _usable_config(shape: Shape, arch: str, row: dict) -> dict | None:
     return cfg if usable else None
 
 
-def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB], family: int = 0) -> list[dict]:
+def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB], family: int = 0, widths: int = 0) -> list[dict]:
     """The configs of the winners these DBs serve the shape's calls (served_winner: the
     shape's own, else the nearest, which its calls ran until it is tuned) that this
     generator can still build for the arch: candidates a re-tune tries first, timed like any
@@ -482,7 +482,13 @@ def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB], family: int 
     while a config that won at a neighbouring shape may be several knobs away (session 57:
     the walked config faster at (8, 5120, 2048) was four knobs from that shape's winner and
     two from (2, 4096, 2048)'s). The first config stays the shape's served winner: the
-    report's "vs start" and the tie rule refer to it."""
+    report's "vs start" and the tie rule refer to it.
+
+    Then, with `widths` > 0, the configs of that many winners of the shape's sibling
+    families (its op, layout and dtypes at another width), nearest shape first, then nearest
+    width: a family with few entries of its own can start from one tuned at many shapes
+    (session 71: backward channel-first bf16 had 83 width-4 winners, 2 width-2 and 2 width-3;
+    the peer led at widths 2-3 only)."""
     out = []
     for db in dbs:
         row = served_winner(db, arch, shape)
@@ -499,7 +505,25 @@ def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB], family: int 
                 extra += 1
                 if extra == family:
                     break
+    if widths > 0:
+        _add_sibling_configs(shape, arch, dbs, widths, out)
     return out
+
+
+def _add_sibling_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB], count: int, out: list[dict]) -> None:
+    """start_configs' `widths`: append to `out` the usable configs of up to `count` winners of
+    the shape's family at other widths, nearest shape (dispatch_rank) then nearest width first."""
+    own = shape.family()
+    siblings = {replace(own, width=w).key(): w for w in WIDTHS if w != own.width}
+    rows = [r for db in dbs for r in db.winners(arch) if r["family_key"] in siblings]
+    added = 0
+    for row in sorted(rows, key=lambda r: (dispatch_rank(shape, r, arch), abs(siblings[r["family_key"]] - own.width))):
+        cfg = _usable_config(shape, arch, row)
+        if cfg is not None and cfg not in out:
+            out.append(cfg)
+            added += 1
+            if added == count:
+                return
 
 
 def tune_shape(shape: Shape, arch: str, evaluator: Evaluator, db: TuningDB, cfg: SearchConfig = SearchConfig(),
