@@ -28,6 +28,7 @@ import math
 import os
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -47,6 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-calls", type=int, default=40,
                     help="time at most this many calls, the rest listed as not timed (default 40): the "
                          "entries first, then the moved calls a family at a time in turn")
+    ap.add_argument("--deadline-s", type=float, default=None, metavar="S",
+                    help="start no call after S seconds of timing; the rest are listed as not timed (to fit a "
+                         "time limit and still print the summary)")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here (after every call)")
     ap.add_argument("--shapes-out", type=Path, default=None,
                     help="write the calls slowed after (more than 3 %%, or failing where they ran) as a "
@@ -63,9 +67,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                  f"({new_file_error(args.shapes_out)})")
     if args.max_calls < 1:
         ap.error(f"--max-calls expects a positive integer, got {args.max_calls}")
+    deadline_error(ap, args.deadline_s)
     if os.environ.get("CC1D_TUNING_DB"):
         ap.error("CC1D_TUNING_DB is set: its DBs would serve before both --before and --after; unset it")
     return args
+
+
+def deadline_error(ap: argparse.ArgumentParser, deadline_s: float | None) -> None:
+    """--deadline-s: a positive, finite number of seconds (or not given)."""
+    if deadline_s is not None and not (math.isfinite(deadline_s) and deadline_s > 0):
+        ap.error(f"--deadline-s expects a positive number of seconds, got {deadline_s:g}")
 
 
 def new_file_error(path: Path) -> str | None:
@@ -101,8 +112,7 @@ def plan(moves: list, max_calls: int) -> tuple[list, list[dict]]:
     entries = [m for m in timeable if m.entry][:max_calls]
     timed = entries + round_robin([m for m in timeable if not m.entry], max_calls - len(entries))[0]
     chosen = set(timed)
-    rest = [dict(family=m.family_key, features=m.features, call=list(m.call),
-                 reason=why_untimed(m) or f"past --max-calls {max_calls}") for m in moves if m not in chosen]
+    rest = [untimed(m, why_untimed(m) or f"past --max-calls {max_calls}") for m in moves if m not in chosen]
     return timed, rest
 
 
@@ -160,24 +170,39 @@ def measure(args: argparse.Namespace) -> dict:
             row["after_vs_before"] = ratio(row.get("before_us"), row.get("after_us"))
             row["after_vs_peer"] = ratio(row.get("peer_us"), row.get("after_us"))
             return row
-        collect_rows(timed, row_of, line, doc, args.out, "moved calls")
+        collect_rows(timed, row_of, line, doc, args.out, "moved calls", args.deadline_s)
     return doc
 
 
+def untimed(call, reason: str) -> dict:
+    """A not-timed entry of the JSON: a moved call's or a sweep call's family, features and
+    (batch, dim, seqlen), and why it was not timed."""
+    return dict(family=call.family_key, features=call.features, call=list(call.call), reason=reason)
+
+
 def collect_rows(calls: list, row_of: Callable[[Any], dict], show: Callable[[dict], str], doc: dict,
-                 out: Path | None, desc: str) -> None:
+                 out: Path | None, desc: str, deadline_s: float | None = None) -> None:
     """doc["rows"] gains row_of(call) for each call in turn, each printed (show) as it comes,
     with a progress bar, and doc is rewritten to `out` after every call: a run that is stopped
-    keeps what it measured. However it ends, the dispatcher is pointed back at the installed
-    package's DBs (row_of may point it elsewhere). bench_vs_peer.py collects its rows here too."""
+    keeps what it measured. Past `deadline_s` seconds no call starts: the rest go to
+    doc["not_timed"] (untimed), so that a run fitted to a time limit still ends with its
+    summary (a killed one does not). However it ends, the dispatcher is pointed back at the
+    installed package's DBs (row_of may point it elsewhere). bench_vs_peer.py collects its
+    rows here too."""
     from tqdm import tqdm
 
     import cc1d
     from cc1d._runtime import runtime
     from timing import write_json
     bar = tqdm(total=len(calls), desc=desc, unit="call", disable=None)
+    ends = None if deadline_s is None else time.monotonic() + deadline_s
     try:
-        for c in calls:
+        for i, c in enumerate(calls):
+            if ends is not None and time.monotonic() > ends:
+                doc["not_timed"] += [untimed(rest, f"past --deadline-s {deadline_s:g}") for rest in calls[i:]]
+                if out:
+                    write_json(out, doc)
+                break
             row = row_of(c)
             doc["rows"].append(row)
             tqdm.write(show(row))

@@ -30,8 +30,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_moves import (collect_rows, grouped, new_file_error, package_dir_with, ratio,  # siblings
-                         slower_rows, time_call, us_text, write_shapes)
+from bench_moves import (collect_rows, deadline_error, grouped, new_file_error, package_dir_with,  # siblings
+                         ratio, slower_rows, time_call, untimed, us_text, write_shapes)
 from bench_near import positive_ints
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="order of each family's calls before --max-calls takes them in turn (default 0)")
     ap.add_argument("--max-calls", type=int, default=60,
                     help="time at most this many calls, a family at a time in turn (default 60)")
+    ap.add_argument("--deadline-s", type=float, default=None, metavar="S",
+                    help="start no call after S seconds of timing; the rest are listed as not timed (to fit a "
+                         "time limit and still print the summary)")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here (after every call)")
     ap.add_argument("--shapes-out", type=Path, default=None,
                     help="write the calls behind the peer (by more than 3 %%, or failing where it ran) as a "
@@ -68,6 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.lengths = positive_ints(args.lengths, "--lengths", ap)
     if args.max_calls < 1:
         ap.error(f"--max-calls expects a positive integer, got {args.max_calls}")
+    deadline_error(ap, args.deadline_s)
     if args.shapes_out is not None:
         if args.list:
             ap.error("--shapes-out writes the calls timed behind the peer: not with --list, which times none")
@@ -143,8 +147,7 @@ def plan(calls: list, max_calls: int, seed: int = 0) -> tuple[list, list[dict]]:
     random.Random(seed).shuffle(timeable)
     timed = round_robin(timeable, max_calls)[0]
     chosen = set(timed)
-    rest = [dict(family=c.family_key, features=c.features, call=list(c.call),
-                 reason=why_no_peer(c) or f"past --max-calls {max_calls}") for c in calls if c not in chosen]
+    rest = [untimed(c, why_no_peer(c) or f"past --max-calls {max_calls}") for c in calls if c not in chosen]
     return timed, rest
 
 
@@ -190,7 +193,7 @@ def measure(args: argparse.Namespace) -> dict:
         return row
     with tempfile.TemporaryDirectory(prefix="cc1d-vs-peer-") as tmp:
         runtime().set_package_dir(str(package_dir_with(db, arch, Path(tmp), "db")))
-        collect_rows(timed, row_of, line, doc, args.out, "calls")  # points it back at the package's DBs
+        collect_rows(timed, row_of, line, doc, args.out, "calls", args.deadline_s)  # then the package's DBs
     return doc
 
 

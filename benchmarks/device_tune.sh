@@ -3,15 +3,16 @@
 # this checkout's shipped DB (tuning_db/<arch>.db), merged into that DB there, the gpu tests
 # of the variants the merge adds (benchmarks/new_variants.py), and the calls the merge moved
 # (the new entries' own first) timed through the DB before and after and the peer
-# (benchmarks/bench_moves.py, at most MOVES_MAX calls; 0 skips it). $OUT (default
-# /tmp/cc1d-out) gets at most seven files, fewer than the device tool's eight: tune.log,
-# tune.db (the run's own DB), merge.log, tests.log, moves.log, moves.json and slowed.yaml (the
-# calls the merge slowed, as a shapes file for the next run; only where some did). Then, on
+# (benchmarks/bench_moves.py: at most MOVES_MAX calls, 0 skipping it; where MOVES_S is set,
+# none started after that many seconds). $OUT (default /tmp/cc1d-out) gets at most seven
+# files, fewer than the device tool's eight: tune.log, tune.db (the run's own DB), merge.log,
+# tests.log, moves.log, moves.json and slowed.yaml (the calls the merge slowed, as a shapes
+# file for the next run; only where some did). Then, on
 # the CPU machine, as tuning_db/README.md says:
 #   cc1d-tune db merge --db tuning_db/sm_90.db tune.db; cc1d-tune db finalize --drop-trials ...;
 #   cc1d-tune db validate --compile ...; and add the shapes the guard printed to the shapes file.
 # The merge here is never shipped: it serves only the tests and the timing.
-#   [DEADLINE_S=300] [TRIALS=24] [BUDGET_S=30] [MOVES_MAX=40] bash benchmarks/device_tune.sh SHAPES.yaml [cc1d-tune args...]
+#   [DEADLINE_S=300] [TRIALS=24] [BUDGET_S=30] [MOVES_MAX=40] [MOVES_S=] bash benchmarks/device_tune.sh SHAPES.yaml [cc1d-tune args...]
 # e.g. bash benchmarks/device_tune.sh slowed.yaml --ops bwd --guard-max-calls 24
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -65,7 +66,8 @@ if [ "${MOVES_MAX:-40}" -gt 0 ]; then
   install_peer device_tune.sh
   rm -f "$OUT/slowed.yaml"  # a new file for --shapes-out, where $OUT is reused
   python3 benchmarks/bench_moves.py --before "$BEFORE" --after "$DB" --entries --max-calls "${MOVES_MAX:-40}" \
-    --out "$OUT/moves.json" --shapes-out "$OUT/slowed.yaml" >"$OUT/moves.log" 2>&1 || status=1
+    ${MOVES_S:+--deadline-s "$MOVES_S"} --out "$OUT/moves.json" --shapes-out "$OUT/slowed.yaml" \
+    >"$OUT/moves.log" 2>&1 || status=1
   grep -A30 "^| family | served after" "$OUT/moves.log" | tail -n +3
   tail -2 "$OUT/moves.log"
   say "moves timed"

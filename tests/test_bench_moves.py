@@ -51,6 +51,8 @@ def _without(tmp_path, shape_key=DROPPED) -> Path:
     (["--before", "/nonexistent/a.db"], "--before: no such file '/nonexistent/a.db'"),
     (["--before", str(SHIPPED), "--after", "/nonexistent/b.db"], "--after: no such file '/nonexistent/b.db'"),
     (["--before", str(SHIPPED), "--max-calls", "0"], "--max-calls expects a positive integer, got 0"),
+    (["--before", str(SHIPPED), "--deadline-s", "0"], "--deadline-s expects a positive number of seconds, got 0"),
+    (["--before", str(SHIPPED), "--deadline-s", "nan"], "--deadline-s expects a positive number of seconds, got nan"),
 ])
 def test_bad_options_are_refused_before_the_gpu(argv, message):
     res = _run(*argv)
@@ -386,3 +388,30 @@ def test_rows_are_written_after_every_call_and_the_package_dbs_restored_however_
     assert [r["call"] for r in doc["rows"]] == shown == want
     assert json.loads(out.read_text())["rows"] == doc["rows"] and seen_on_disk == want[1:] + ([1] if fails_at else [])
     assert dirs == [str(Path(cc1d.__file__).resolve().parent)]
+
+
+def test_past_the_deadline_no_call_starts_and_the_rest_are_listed_not_timed(tmp_path, monkeypatch):
+    """collect_rows' deadline_s (--deadline-s): a call that started before it is finished; the
+    calls after it are added to not_timed with the reason, and the JSON says so."""
+    import types
+
+    import cc1d._runtime as rt_module
+    monkeypatch.setattr(rt_module, "runtime", lambda: type("R", (), {"set_package_dir": lambda self, d: None})())
+    clock = [100.0]
+    monkeypatch.setattr(moves_script.time, "monotonic", lambda: clock[0])
+
+    def row_of(call):
+        clock[0] += 6.0  # each call takes 6 s
+        return dict(call=list(call.call))
+    calls = [types.SimpleNamespace(family_key="bwd.cf.bf16wbf16.w3", features="bias,silu", call=(1, 2048, n))
+             for n in (128, 512, 1000, 2048)]
+    out = tmp_path / "rows.json"
+    doc = dict(rows=[], not_timed=[dict(family="x", features="", call=[1, 1, 1], reason="op upd")])
+    moves_script.collect_rows(calls, row_of, str, doc, out, "calls", deadline_s=10)
+    assert [r["call"][2] for r in doc["rows"]] == [128, 512]  # the second started at 6 s, before 10
+    assert doc["not_timed"][1:] == [dict(family="bwd.cf.bf16wbf16.w3", features="bias,silu", call=[1, 2048, n],
+                                         reason="past --deadline-s 10") for n in (1000, 2048)]
+    assert json.loads(out.read_text()) == doc
+    doc = dict(rows=[], not_timed=[])
+    moves_script.collect_rows(calls, row_of, str, doc, None, "calls")  # no deadline: every call
+    assert len(doc["rows"]) == 4 and doc["not_timed"] == []

@@ -37,6 +37,7 @@ def _run(*argv, env=None, cwd=None):
     (["--batches", "1,0"], "--batches expects positive integers separated by commas, got '1,0'"),
     (["--lengths", "x"], "--lengths expects positive integers separated by commas, got 'x'"),
     (["--max-calls", "0"], "--max-calls expects a positive integer, got 0"),
+    (["--deadline-s", "-5"], "--deadline-s expects a positive number of seconds, got -5"),
 ])
 def test_bad_options_are_refused_before_the_gpu(argv, message):
     res = _run(*argv)

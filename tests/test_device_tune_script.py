@@ -170,6 +170,12 @@ def test_the_moves_are_timed_where_no_variant_is_new_and_skipped_with_moves_max_
     assert res.returncode == 0 and not any(c.startswith("benchmarks/bench_moves.py") for c in calls)
 
 
+def test_moves_s_gives_the_moves_a_deadline(tmp_path):
+    res, calls = _fake_run(tmp_path, "", MOVES_S="90")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "--max-calls 40 --deadline-s 90 --out" in calls[_step(calls, "benchmarks/bench_moves.py")]
+
+
 def test_a_failed_variant_test_fails_the_run_after_its_moves_are_timed(tmp_path):
     res, calls = _fake_run(tmp_path, "bwd.cf.x", TESTS_FAIL="1")
     assert res.returncode == 1, res.stdout + res.stderr

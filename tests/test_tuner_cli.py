@@ -54,35 +54,41 @@ def test_family_starts_is_checked(shapes, tmp_path, capsys):
     assert code == 2 and "--family-starts: expected 0 or a positive number, got -1" in err
 
 
-def test_width_starts_is_checked_and_tries_another_widths_winner(shapes, tmp_path, capsys, monkeypatch):
-    """--width-starts needs --start-from and a count; with them, a width-3 shape's first
-    trials include the config a width-4 shape won in the start DB."""
+def test_width_and_dtype_starts_are_checked_and_try_a_kin_familys_winner(shapes, tmp_path, capsys, monkeypatch):
+    """--width-starts and --dtype-starts need --start-from and a count; with them, the first
+    trials of a bf16 width-3 shape (--width-starts) and of an fp16 width-4 shape
+    (--dtype-starts) include the config a bf16 width-4 shape won in the start DB."""
     from cc1d.generator import Family, Variant, arch_info, variants
     from cc1d.tuner import cli, evaluate, measure
     from cc1d.tuner.testing import FakeEvaluator
-    code, _, err = run(["--arch", "sm_90", "--shapes", shapes, "--width-starts", "2"], capsys, probe=lambda: H100)
-    assert code == 2 and "--width-starts: needs --start-from" in err
+    for flag in ("--width-starts", "--dtype-starts"):
+        code, _, err = run(["--arch", "sm_90", "--shapes", shapes, flag, "2"], capsys, probe=lambda: H100)
+        assert code == 2 and f"{flag}: needs --start-from" in err
     old = tmp_path / "old.db"
-    w3, w4 = Family("fwd", "cf", "bf16", "bf16", 3), Family("fwd", "cf", "bf16", "bf16", 4)
+    w4 = Family("fwd", "cf", "bf16", "bf16", 4)
     picked = [v for v in variants(w4, arch_info("sm_90"))][7]
     with TuningDB(old) as db:
         _store_winner(db, picked, picked.source, "b2.d256.l1000.bias.silu", 2, 256, 1000)
-    code, _, err = run(["--arch", "sm_90", "--shapes", shapes, "--start-from", old, "--width-starts", "-1"], capsys,
-                       probe=lambda: H100)
-    assert code == 2 and "--width-starts: expected 0 or a positive number, got -1" in err
+    for flag in ("--width-starts", "--dtype-starts"):
+        code, _, err = run(["--arch", "sm_90", "--shapes", shapes, "--start-from", old, flag, "-1"], capsys,
+                           probe=lambda: H100)
+        assert code == 2 and f"{flag}: expected 0 or a positive number, got -1" in err
     made = []
     monkeypatch.setattr(evaluate, "GpuEvaluator", lambda rt, shape, arch: made.append(FakeEvaluator()) or made[-1])
     monkeypatch.setattr(measure, "copy_bandwidth", lambda: 3e12)
     monkeypatch.setattr(cli, "_runtime", lambda: None)
-    w3_shapes = tmp_path / "w3.yaml"
-    w3_shapes.write_text("shapes:\n  - {op: fwd, layout: cf, dtypes: bf16/bf16, width: 3, batch: 2, dim: 256, "
-                         "seqlen: 1024}\n")
-    wanted = Variant.of(w3, **picked.params).key()
-    for extra, tried in (([], False), (["--width-starts", "1"], True)):
+    for run_no, (dtypes, width, flag, tried) in enumerate([("bf16", 3, [], False),
+                                                           ("bf16", 3, ["--width-starts", "1"], True),
+                                                           ("f16", 4, [], False),
+                                                           ("f16", 4, ["--dtype-starts", "1"], True)]):
+        path = tmp_path / f"s{run_no}.yaml"
+        path.write_text(f"shapes:\n  - {{op: fwd, layout: cf, dtypes: {dtypes}, width: {width}, batch: 2, "
+                        "dim: 256, seqlen: 1024}\n")
+        wanted = Variant.of(Family("fwd", "cf", dtypes, dtypes, width), **picked.params).key()
         made.clear()
-        code, _, _ = run(["--shapes", w3_shapes, "--db", tmp_path / f"run{len(extra)}.db", "--trials", "3",
-                          "--start-from", old, *extra], capsys, probe=lambda: H100)
-        assert code == 0 and (wanted in made[0].compiled[:3]) is tried
+        code, _, _ = run(["--shapes", path, "--db", tmp_path / f"run{run_no}.db", "--trials", "3",
+                          "--start-from", old, *flag], capsys, probe=lambda: H100)
+        assert code == 0 and (wanted in made[0].compiled[:3]) is tried, (dtypes, width, flag)
 
 
 def test_no_gpu_errors(shapes, capsys):

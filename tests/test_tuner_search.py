@@ -398,6 +398,34 @@ def test_width_starts_follow_the_family_nearest_shape_then_nearest_width(tmp_pat
                                                             w2_far.params]
 
 
+def test_dtype_starts_take_same_size_dtypes_nearest_shape_then_most_dtypes_shared(tmp_path):
+    """start_configs(dtypes=N) adds, after the other widths', the winners of N shapes of the
+    same op, layout and width at the other dtype pairs whose x has the same element size:
+    nearest shape first, then the pair sharing more of the shape's dtypes; fp32 x is not
+    among them for a bf16 x (4 bytes, not 2)."""
+    valid = list(variants(CF.family(), arch_info(ARCH)))
+    own, near_bf16, near_f16, far_f16w32, w3 = valid[1], valid[2], valid[3], valid[4], valid[5]
+
+    def at(dtypes, seqlen, width=4):
+        return parse_shapes([{"layout": "cf", "dtypes": dtypes, "width": width, "batch": 2, "dim": 256,
+                              "seqlen": seqlen}])[0]
+
+    def store(db, shape, v):
+        _store_winner(db, shape, Variant.of(shape.family(), **v.params))
+
+    with TuningDB(tmp_path / "old.db") as old:
+        _store_winner(old, CF, own)
+        store(old, at("f16/f32", 65536), far_f16w32)
+        store(old, at("f16", 2048), near_f16)      # as near as bf16/bf16's, both dtypes apart
+        store(old, at("bf16", 2048), near_bf16)    # the weights' dtype apart only
+        store(old, at("f32", 1024), valid[6])      # the nearest shape, but 4-byte x
+        store(old, at("bf16/f32", 65536, width=3), w3)
+        assert start_configs(CF, ARCH, [old], dtypes=1) == [own.params, near_bf16.params]
+        assert start_configs(CF, ARCH, [old], dtypes=9) == [own.params, near_bf16.params, near_f16.params,
+                                                            far_f16w32.params]
+        assert start_configs(CF, ARCH, [old], widths=1, dtypes=1) == [own.params, w3.params, near_bf16.params]
+
+
 def test_family_starts_are_tried_after_the_start_config_and_their_neighbours_after_its(db):
     """The search times the default, the shape's own start config, then the family's; every
     one-knob neighbour of the own config comes before those of the family config, and a

@@ -58,6 +58,10 @@ def tune_parser() -> argparse.ArgumentParser:
                    help="with --start-from: also try the winners of the N nearest shapes of the shape's op, "
                         "layout and dtypes at other widths in those DBs, after the family's (default 0; e.g. "
                         "for a width tuned at few shapes while width 4 was tuned at many)")
+    p.add_argument("--dtype-starts", type=int, default=0, metavar="N",
+                   help="with --start-from: also try the winners of the N nearest shapes of the shape's op, "
+                        "layout and width at the other dtype pairs whose x has the same element size (fp16 "
+                        "from bf16, say), after the other widths' (default 0)")
     p.add_argument("--compile-workers", type=int, default=None, metavar="N",
                    help="threads compiling candidates ahead of the one being timed (default: half the "
                         "CPUs, at most 8, shared among --workers)")
@@ -361,7 +365,7 @@ def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], Devi
                 results.append(tune_shape(shape, arch, evaluator, db, cfg, storage=storage, copy_bw=copy_bw,
                                           environment=env, run_id=run_id, on_trial=on_trial,
                                           start_configs=start_configs(shape, arch, [*more_starts, *starts],
-                                                                      family, args.width_starts)))
+                                                                      family, args.width_starts, args.dtype_starts)))
             finally:
                 if args.isolate:
                     evaluator.close()
@@ -637,10 +641,11 @@ def main(argv: Sequence[str] | None = None, *,
             raise UsageError(f"--family-starts: expected 0 or a positive number, got {args.family_starts}")
         if args.family_starts is not None and not args.start_from:
             raise UsageError("--family-starts: needs --start-from (the DBs whose winners it tries)")
-        if args.width_starts < 0:
-            raise UsageError(f"--width-starts: expected 0 or a positive number, got {args.width_starts}")
-        if args.width_starts and not args.start_from:
-            raise UsageError("--width-starts: needs --start-from (the DBs whose winners it tries)")
+        for flag, count in (("--width-starts", args.width_starts), ("--dtype-starts", args.dtype_starts)):
+            if count < 0:
+                raise UsageError(f"{flag}: expected 0 or a positive number, got {count}")
+            if count and not args.start_from:
+                raise UsageError(f"{flag}: needs --start-from (the DBs whose winners it tries)")
         for path in args.start_from:
             if not Path(path).is_file():
                 raise UsageError(f"--start-from: expected tuning DB files, got {path!r} (no such file)")

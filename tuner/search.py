@@ -26,7 +26,8 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from ..generator import EPOCH, WIDTHS, Family, Variant, arch_info, default_variant, space_for, variants
+from ..generator import DTYPES, EPOCH, WIDTHS, Family, Variant, arch_info, default_variant, space_for, variants
+from ..generator.space import DTYPE_PAIRS
 from .db import TuningDB
 from .evaluate import CandidateError, Evaluator
 from .measure import TIMING_METHOD, Timing, median_error
@@ -465,7 +466,8 @@ def _usable_config(shape: Shape, arch: str, row: dict) -> dict | None:
     return cfg if usable else None
 
 
-def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB], family: int = 0, widths: int = 0) -> list[dict]:
+def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB], family: int = 0, widths: int = 0,
+                  dtypes: int = 0) -> list[dict]:
     """The configs of the winners these DBs serve the shape's calls (served_winner: the
     shape's own, else the nearest, which its calls ran until it is tuned) that this
     generator can still build for the arch: candidates a re-tune tries first, timed like any
@@ -488,7 +490,9 @@ def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB], family: int 
     families (its op, layout and dtypes at another width), nearest shape first, then nearest
     width: a family with few entries of its own can start from one tuned at many shapes
     (session 71: backward channel-first bf16 had 83 width-4 winners, 2 width-2 and 2 width-3;
-    the peer led at widths 2-3 only)."""
+    the peer led at widths 2-3 only). Then, with `dtypes` > 0, likewise that many winners
+    of its op, layout and width at the other dtype pairs whose x has the same element size
+    (fp16 from bf16, say: the same bytes move), nearest shape first, then most dtypes shared."""
     out = []
     for db in dbs:
         row = served_winner(db, arch, shape)
@@ -505,19 +509,27 @@ def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB], family: int 
                 extra += 1
                 if extra == family:
                     break
+    own = shape.family()
     if widths > 0:
-        _add_sibling_configs(shape, arch, dbs, widths, out)
+        _add_kin_configs(shape, arch, dbs, widths, out,
+                         {replace(own, width=w).key(): abs(w - own.width) for w in WIDTHS if w != own.width})
+    if dtypes > 0:
+        same_size = [(x, w) for x, w in DTYPE_PAIRS
+                     if DTYPES[x][1] == own.x_bytes and (x, w) != (own.x_dtype, own.w_dtype)]
+        _add_kin_configs(shape, arch, dbs, dtypes, out,
+                         {replace(own, x_dtype=x, w_dtype=w).key(): (x != own.x_dtype) + (w != own.w_dtype)
+                          for x, w in same_size})
     return out
 
 
-def _add_sibling_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB], count: int, out: list[dict]) -> None:
-    """start_configs' `widths`: append to `out` the usable configs of up to `count` winners of
-    the shape's family at other widths, nearest shape (dispatch_rank) then nearest width first."""
-    own = shape.family()
-    siblings = {replace(own, width=w).key(): w for w in WIDTHS if w != own.width}
-    rows = [r for db in dbs for r in db.winners(arch) if r["family_key"] in siblings]
+def _add_kin_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB], count: int, out: list[dict],
+                     kin: dict[str, int]) -> None:
+    """start_configs' `widths` and `dtypes`: append to `out` the usable configs of up to `count`
+    winners of the families keyed in `kin` (family key -> how far from the shape's family),
+    nearest shape (dispatch_rank) first, then nearest family."""
+    rows = [r for db in dbs for r in db.winners(arch) if r["family_key"] in kin]
     added = 0
-    for row in sorted(rows, key=lambda r: (dispatch_rank(shape, r, arch), abs(siblings[r["family_key"]] - own.width))):
+    for row in sorted(rows, key=lambda r: (dispatch_rank(shape, r, arch), kin[r["family_key"]])):
         cfg = _usable_config(shape, arch, row)
         if cfg is not None and cfg not in out:
             out.append(cfg)
