@@ -110,6 +110,22 @@ def one_process_at_a_time(name: str):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+# Below this many selected tests in a module, its setup compiles nothing ahead: a few tests
+# (device_tune.sh's `-k <new variants>`) compile their own kernels in seconds, where the
+# module's whole catalog took about a minute and a half on a fresh device (session 71).
+PRECOMPILE_MIN_TESTS = 40
+
+
+def selected_in_module(request) -> int:
+    """How many of the session's selected tests (after -k and -m) a module-scoped fixture's
+    module holds."""
+    return sum(1 for item in request.session.items if item.getparent(pytest.Module) is request.node)
+
+
+def worth_precompiling(request) -> bool:
+    return selected_in_module(request) >= PRECOMPILE_MIN_TESTS
+
+
 def precompile(rt, sources, target: str, options: list[str] | None = None) -> None:
     """Fill the runtime's compile cache in parallel (compile() releases the GIL), so
     GPU tests that then launch many variants do not compile them one by one.

@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
 import cc1d  # noqa: E402
 from cc1d import backward, ops  # noqa: E402
 
-from conftest import precompile  # noqa: E402
+from conftest import precompile, worth_precompiling  # noqa: E402
 from cc1d.generator.covering import all_covering  # noqa: E402
 from cc1d.generator.variant import realigned  # noqa: E402
 from cc1d.tuner.problems import bwd_splits  # noqa: E402  (the runtime's split rule)
@@ -34,7 +34,9 @@ BWD_COVERING = [v for v in all_covering("sm_90") if v.family.op == "bwd"]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def warm_compile_cache(rt):
+def warm_compile_cache(rt, request):
+    if not worth_precompiling(request):
+        return
     target = rt.device_target("cuda", torch.cuda.current_device())
     precompile(rt, [e["source"] for e in rt.catalog() if e["key"].startswith("bwd.")]
                + [v.source for v in BWD_COVERING], target)

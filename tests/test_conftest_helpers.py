@@ -57,3 +57,38 @@ def test_concurrent_precompiles_compile_each_source_once(nvrtc, tmp_path):
         assert p.returncode == 0, err[-2000:]
     counts = [int(out.split()[-1]) for out, _ in results]
     assert sorted(counts) == [0, 6], counts
+
+
+# Two modules, one fixture each recording what selected_in_module counts for it.
+_COUNTING = """
+import sys
+import pytest
+sys.path.insert(0, {here!r})
+from conftest import selected_in_module, worth_precompiling
+
+@pytest.fixture(scope="module", autouse=True)
+def count(request):
+    with open({out!r}, "a") as fh:
+        fh.write(f"{{request.node.name}} {{selected_in_module(request)}} {{worth_precompiling(request)}}\\n")
+
+@pytest.mark.parametrize("n", range({n}))
+def test_case(n):
+    pass
+"""
+
+
+def test_a_module_with_few_selected_tests_skips_the_precompile(tmp_path):
+    """selected_in_module counts the tests -k left in the fixture's own module; a module
+    with fewer than PRECOMPILE_MIN_TESTS selected is not worth precompiling."""
+    from conftest import PRECOMPILE_MIN_TESTS
+    here, out = str(Path(__file__).resolve().parent), str(tmp_path / "counts")
+    n = PRECOMPILE_MIN_TESTS + 5
+    for name in ("test_a.py", "test_b.py"):
+        (tmp_path / "t" / name).parent.mkdir(exist_ok=True)
+        (tmp_path / "t" / name).write_text(_COUNTING.format(here=here, out=out, n=n))
+    # -k keeps test_a's cases 1 and 10-19 (11) and every case of test_b
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+                          "t", "-k", "test_b or case[1] or case[1"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sorted(Path(out).read_text().splitlines()) == ["test_a.py 11 False", f"test_b.py {n} True"]

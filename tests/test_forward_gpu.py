@@ -15,7 +15,7 @@ import cc1d  # noqa: E402
 from cc1d import ops  # noqa: E402
 from cc1d.generator import Family, Variant, families, fallback_chain, variants  # noqa: E402
 
-from conftest import precompile  # noqa: E402
+from conftest import precompile, worth_precompiling  # noqa: E402
 from cc1d.generator.covering import all_covering  # noqa: E402
 from cc1d.generator.variant import realigned  # noqa: E402
 from fwd_cases import (Case, assert_close, launch_variant, make_inputs, poisoned,  # noqa: E402
@@ -30,7 +30,9 @@ FEATURES = [dict(bias=b, silu=s, seq_idx=q, states=i, final=f)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def warm_compile_cache(rt):
+def warm_compile_cache(rt, request):
+    if not worth_precompiling(request):
+        return
     target = rt.device_target("cuda", torch.cuda.current_device())
     # The forward's own sources only (the other ops' modules warm theirs): all 867 catalog
     # entries and every op's covering set made this module's setup the longest of the suite.

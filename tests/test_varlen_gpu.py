@@ -18,7 +18,7 @@ from cc1d import varlen  # noqa: E402
 from cc1d.generator import Family, fallback_chain  # noqa: E402
 from cc1d.reference import causal_conv1d_varlen_ref, causal_conv1d_varlen_states_ref  # noqa: E402
 
-from conftest import precompile  # noqa: E402
+from conftest import precompile, worth_precompiling  # noqa: E402
 from cc1d.generator.covering import covering_variants  # noqa: E402
 from fwd_cases import assert_close  # noqa: E402
 
@@ -38,7 +38,9 @@ def target(rt):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def warm_compile_cache(rt, target):
+def warm_compile_cache(rt, target, request):
+    if not worth_precompiling(request):
+        return
     sources = [e["source"] for e in rt.catalog() if e["family"].startswith("vfwd.")]
     sources += [v.source for lay in ("cf", "cl") for v in covering_variants("vfwd", lay, target)]
     precompile(rt, sources, target)
