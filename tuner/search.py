@@ -489,8 +489,8 @@ def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB], family: int 
     Then, with `widths` > 0, the configs of that many winners of the shape's sibling
     families (its op, layout and dtypes at another width), nearest shape first, then nearest
     width: a family with few entries of its own can start from one tuned at many shapes
-    (session 71: backward channel-first bf16 had 83 width-4 winners, 2 width-2 and 2 width-3;
-    the peer led at widths 2-3 only). Then, with `dtypes` > 0, likewise that many winners
+    (session 71: backward channel-first bf16 had 83 width-4 winners, 2 width-2 and 2 width-3,
+    and the peer sweep found half the width-2/3 calls behind the peer). Then, with `dtypes` > 0, likewise that many winners
     of its op, layout and width at the other dtype pairs whose x has the same element size
     (fp16 from bf16, say: the same bytes move), nearest shape first, then most dtypes shared."""
     out = []
