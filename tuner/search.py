@@ -499,17 +499,9 @@ def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB], family: int 
         cfg = _usable_config(shape, arch, row) if row is not None else None
         if cfg is not None and cfg not in out:
             out.append(cfg)
-    if family > 0:
-        rows = [r for db in dbs for r in db.winners(arch) if r["family_key"] == shape.family().key()]
-        extra = 0
-        for row in sorted(rows, key=lambda r: dispatch_rank(shape, r, arch)):
-            cfg = _usable_config(shape, arch, row)
-            if cfg is not None and cfg not in out:
-                out.append(cfg)
-                extra += 1
-                if extra == family:
-                    break
     own = shape.family()
+    if family > 0:
+        _add_kin_configs(shape, arch, dbs, family, out, {own.key(): 0})
     if widths > 0:
         _add_kin_configs(shape, arch, dbs, widths, out,
                          {replace(own, width=w).key(): abs(w - own.width) for w in WIDTHS if w != own.width})
@@ -524,9 +516,10 @@ def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB], family: int 
 
 def _add_kin_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB], count: int, out: list[dict],
                      kin: dict[str, int]) -> None:
-    """start_configs' `widths` and `dtypes`: append to `out` the usable configs of up to `count`
-    winners of the families keyed in `kin` (family key -> how far from the shape's family),
-    nearest shape (dispatch_rank) first, then nearest family."""
+    """start_configs' `family`, `widths` and `dtypes`: append to `out` the usable configs of up
+    to `count` winners of the families keyed in `kin` (family key -> how far from the shape's
+    family, 0 for its own), nearest shape (dispatch_rank) first, then nearest family; configs
+    already in `out` are skipped."""
     rows = [r for db in dbs for r in db.winners(arch) if r["family_key"] in kin]
     added = 0
     for row in sorted(rows, key=lambda r: (dispatch_rank(shape, r, arch), kin[r["family_key"]])):
