@@ -48,35 +48,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-calls", type=int, default=40,
                     help="time at most this many calls, the rest listed as not timed (default 40): the "
                          "entries first, then the moved calls a family at a time in turn")
-    ap.add_argument("--deadline-s", type=float, default=None, metavar="S",
-                    help="start no call after S seconds of timing; the rest are listed as not timed (to fit a "
-                         "time limit and still print the summary)")
-    ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here (after every call)")
-    ap.add_argument("--shapes-out", type=Path, default=None,
-                    help="write the calls slowed after (more than 3 %%, or failing where they ran) as a "
-                         "shapes file for cc1d-tune; a new file: not written where no call slowed")
+    add_output_options(ap, "write the calls slowed after (more than 3 %%, or failing where they ran) as a "
+                           "shapes file for cc1d-tune; a new file: not written where no call slowed")
     args = ap.parse_args(argv)
     for name in ("before", "after"):
         path = getattr(args, name)
         if path is not None and not path.is_file():
             ap.error(f"--{name}: no such file {str(path)!r}")
-    if args.shapes_out is not None and args.list:
-        ap.error("--shapes-out writes the calls timed slower: not with --list, which times none")
-    if args.shapes_out is not None and new_file_error(args.shapes_out):
-        ap.error(f"--shapes-out: expected a new file in an existing folder, got {str(args.shapes_out)!r} "
-                 f"({new_file_error(args.shapes_out)})")
-    if args.max_calls < 1:
-        ap.error(f"--max-calls expects a positive integer, got {args.max_calls}")
-    deadline_error(ap, args.deadline_s)
+    check_output_options(ap, args, "timed slower")
     if os.environ.get("CC1D_TUNING_DB"):
         ap.error("CC1D_TUNING_DB is set: its DBs would serve before both --before and --after; unset it")
     return args
 
 
-def deadline_error(ap: argparse.ArgumentParser, deadline_s: float | None) -> None:
-    """--deadline-s: a positive, finite number of seconds (or not given)."""
-    if deadline_s is not None and not (math.isfinite(deadline_s) and deadline_s > 0):
-        ap.error(f"--deadline-s expects a positive number of seconds, got {deadline_s:g}")
+def add_output_options(ap: argparse.ArgumentParser, shapes_help: str) -> None:
+    """The options this script and bench_vs_peer.py share after --max-calls: --deadline-s,
+    --out, and --shapes-out (its help, `shapes_help`, names the calls it writes)."""
+    ap.add_argument("--deadline-s", type=float, default=None, metavar="S",
+                    help="start no call after S seconds of timing; the rest are listed as not timed (to fit a "
+                         "time limit and still print the summary)")
+    ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here (after every call)")
+    ap.add_argument("--shapes-out", type=Path, default=None, help=shapes_help)
+
+
+def check_output_options(ap: argparse.ArgumentParser, args: argparse.Namespace, written: str) -> None:
+    """Both scripts' checks of --shapes-out (`written`: the calls it writes, e.g. "timed
+    slower"), --max-calls and --deadline-s; ap.error on the first that fails."""
+    if args.shapes_out is not None:
+        if args.list:
+            ap.error(f"--shapes-out writes the calls {written}: not with --list, which times none")
+        why = new_file_error(args.shapes_out)
+        if why:
+            ap.error(f"--shapes-out: expected a new file in an existing folder, got {str(args.shapes_out)!r} ({why})")
+    if args.max_calls < 1:
+        ap.error(f"--max-calls expects a positive integer, got {args.max_calls}")
+    if args.deadline_s is not None and not (math.isfinite(args.deadline_s) and args.deadline_s > 0):
+        ap.error(f"--deadline-s expects a positive number of seconds, got {args.deadline_s:g}")
 
 
 def new_file_error(path: Path) -> str | None:

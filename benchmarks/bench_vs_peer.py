@@ -30,8 +30,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_moves import (collect_rows, deadline_error, grouped, new_file_error, package_dir_with,  # siblings
-                         ratio, slower_rows, time_call, untimed, us_text, write_shapes)
+from bench_moves import (add_output_options, check_output_options, collect_rows, grouped,  # siblings
+                         package_dir_with, ratio, slower_rows, time_call, untimed, us_text, write_shapes)
 from bench_near import positive_ints
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,13 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="order of each family's calls before --max-calls takes them in turn (default 0)")
     ap.add_argument("--max-calls", type=int, default=60,
                     help="time at most this many calls, a family at a time in turn (default 60)")
-    ap.add_argument("--deadline-s", type=float, default=None, metavar="S",
-                    help="start no call after S seconds of timing; the rest are listed as not timed (to fit a "
-                         "time limit and still print the summary)")
-    ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here (after every call)")
-    ap.add_argument("--shapes-out", type=Path, default=None,
-                    help="write the calls behind the peer (by more than 3 %%, or failing where it ran) as a "
-                         "shapes file for cc1d-tune; a new file: not written where none is behind")
+    add_output_options(ap, "write the calls behind the peer (by more than 3 %%, or failing where it ran) as a "
+                           "shapes file for cc1d-tune; a new file: not written where none is behind")
     args = ap.parse_args(argv)
     if args.db is not None and not args.db.is_file():
         ap.error(f"--db: no such file {str(args.db)!r}")
@@ -69,15 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--families expects family-key prefixes separated by commas, got ''")
     args.batches = positive_ints(args.batches, "--batches", ap)
     args.lengths = positive_ints(args.lengths, "--lengths", ap)
-    if args.max_calls < 1:
-        ap.error(f"--max-calls expects a positive integer, got {args.max_calls}")
-    deadline_error(ap, args.deadline_s)
-    if args.shapes_out is not None:
-        if args.list:
-            ap.error("--shapes-out writes the calls timed behind the peer: not with --list, which times none")
-        why = new_file_error(args.shapes_out)
-        if why:
-            ap.error(f"--shapes-out: expected a new file in an existing folder, got {str(args.shapes_out)!r} ({why})")
+    check_output_options(ap, args, "timed behind the peer")
     if os.environ.get("CC1D_TUNING_DB"):
         ap.error("CC1D_TUNING_DB is set: its DBs would serve the calls before --db; unset it")
     return args
