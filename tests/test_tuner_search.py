@@ -369,27 +369,30 @@ def test_family_starts_follow_the_shapes_own_winner_nearest_shape_first(tmp_path
         assert start_configs(untuned, ARCH, [old, other], family=1) == [own.params, near.params, far.params]
 
 
+def _kin(seqlen, width=4, dtypes="bf16/f32", layout="cf"):
+    """A forward shape of CF's batch and dim at another length, width, dtypes or layout."""
+    return parse_shapes([{"layout": layout, "dtypes": dtypes, "width": width, "batch": 2, "dim": 256,
+                          "seqlen": seqlen}])[0]
+
+
+def _store_kin(db, shape, v):
+    """v's config (a variant of CF's family) stored as the winner of `shape`, another family."""
+    _store_winner(db, shape, Variant.of(shape.family(), **v.params))
+
+
 def test_width_starts_follow_the_family_nearest_shape_then_nearest_width(tmp_path):
     """start_configs(widths=N) adds, after the family's, the winners of N shapes of the same
     op, layout and dtypes at other widths, nearest shape first, then nearest width; the
-    shape's own family, other layouts and other ops are not among them, nor repeats."""
+    shape's own family and other layouts are not among them, nor repeats."""
     valid = list(variants(CF.family(), arch_info(ARCH)))
     own, w3_near, w6_near, w2_far = valid[1], valid[2], valid[3], valid[4]
-
-    def at(width, seqlen, layout="cf", op="fwd"):
-        return parse_shapes([{"op": op, "layout": layout, "width": width, "batch": 2, "dim": 256,
-                              "seqlen": seqlen}])[0]
-
-    def store(db, shape, v):
-        _store_winner(db, shape, Variant.of(shape.family(), **v.params))
-
     with TuningDB(tmp_path / "old.db") as old:
         _store_winner(old, CF, own)
-        store(old, at(2, 65536), w2_far)
-        store(old, at(6, 2048), w6_near)
-        store(old, at(3, 2048), w3_near)   # as near as width 6's, two widths nearer
-        store(old, at(3, 512), own)        # the shape's own config: not repeated
-        cl = at(3, 1024, layout="cl")
+        _store_kin(old, _kin(65536, width=2), w2_far)
+        _store_kin(old, _kin(2048, width=6), w6_near)
+        _store_kin(old, _kin(2048, width=3), w3_near)   # as near as width 6's, two widths nearer
+        _store_kin(old, _kin(512, width=3), own)        # the shape's own config: not repeated
+        cl = _kin(1024, width=3, layout="cl")
         _store_winner(old, cl, default_variant(cl.family()))  # another layout
         assert start_configs(CF, ARCH, [old]) == [own.params]
         assert start_configs(CF, ARCH, [old], widths=1) == [own.params, w3_near.params]
@@ -405,21 +408,13 @@ def test_dtype_starts_take_same_size_dtypes_nearest_shape_then_most_dtypes_share
     among them for a bf16 x (4 bytes, not 2)."""
     valid = list(variants(CF.family(), arch_info(ARCH)))
     own, near_bf16, near_f16, far_f16w32, w3 = valid[1], valid[2], valid[3], valid[4], valid[5]
-
-    def at(dtypes, seqlen, width=4):
-        return parse_shapes([{"layout": "cf", "dtypes": dtypes, "width": width, "batch": 2, "dim": 256,
-                              "seqlen": seqlen}])[0]
-
-    def store(db, shape, v):
-        _store_winner(db, shape, Variant.of(shape.family(), **v.params))
-
     with TuningDB(tmp_path / "old.db") as old:
         _store_winner(old, CF, own)
-        store(old, at("f16/f32", 65536), far_f16w32)
-        store(old, at("f16", 2048), near_f16)      # as near as bf16/bf16's, both dtypes apart
-        store(old, at("bf16", 2048), near_bf16)    # the weights' dtype apart only
-        store(old, at("f32", 1024), valid[6])      # the nearest shape, but 4-byte x
-        store(old, at("bf16/f32", 65536, width=3), w3)
+        _store_kin(old, _kin(65536, dtypes="f16/f32"), far_f16w32)
+        _store_kin(old, _kin(2048, dtypes="f16"), near_f16)      # as near as bf16/bf16's, both dtypes apart
+        _store_kin(old, _kin(2048, dtypes="bf16"), near_bf16)    # the weights' dtype apart only
+        _store_kin(old, _kin(1024, dtypes="f32"), valid[6])      # the nearest shape, but 4-byte x
+        _store_kin(old, _kin(65536, width=3), w3)
         assert start_configs(CF, ARCH, [old], dtypes=1) == [own.params, near_bf16.params]
         assert start_configs(CF, ARCH, [old], dtypes=9) == [own.params, near_bf16.params, near_f16.params,
                                                             far_f16w32.params]
