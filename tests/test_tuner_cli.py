@@ -91,6 +91,30 @@ def test_width_and_dtype_starts_are_checked_and_try_a_kin_familys_winner(shapes,
         assert code == 0 and (wanted in made[0].compiled[:3]) is tried, (dtypes, width, flag)
 
 
+def test_fit_starts_is_checked_and_reaches_the_search(tmp_path, capsys, monkeypatch):
+    """--fit-starts takes 0 or more; with it, the second trial of a shape whose default tiles
+    a 3000 row fills poorly (2048 positions, 73 %) is the default with half its vectors
+    (1024, 98 %), which a run without it does not try second."""
+    from cc1d.generator import default_variant
+    from cc1d.tuner import cli, evaluate, measure
+    from cc1d.tuner.shapes import load_shapes
+    from cc1d.tuner.testing import FakeEvaluator
+    path = tmp_path / "s.yaml"
+    path.write_text("shapes:\n  - {op: fwd, layout: cf, dtypes: bf16/f32, batch: 2, dim: 256, seqlen: 3000}\n")
+    code, _, err = run(["--arch", "sm_90", "--shapes", path, "--fit-starts", "-1"], capsys, probe=lambda: H100)
+    assert code == 2 and "--fit-starts: expected 0 or a positive number, got -1" in err
+    made = []
+    monkeypatch.setattr(evaluate, "GpuEvaluator", lambda rt, shape, arch: made.append(FakeEvaluator()) or made[-1])
+    monkeypatch.setattr(measure, "copy_bandwidth", lambda: 3e12)
+    monkeypatch.setattr(cli, "_runtime", lambda: None)
+    halved = default_variant(load_shapes(path)[0].family(), nvec=2).key()
+    for run_no, (flag, tried) in enumerate([([], False), (["--fit-starts", "1"], True)]):
+        made.clear()
+        code, _, _ = run(["--shapes", path, "--db", tmp_path / f"run{run_no}.db", "--trials", "2",
+                          "--compile-workers", "1", *flag], capsys, probe=lambda: H100)
+        assert code == 0 and (made[0].compiled[1] == halved) is tried, flag
+
+
 def test_no_gpu_errors(shapes, capsys):
     code, _, err = run(["--arch", "sm_90", "--shapes", shapes], capsys)
     assert code == 2 and "--arch sm_90: no GPU is visible here" in err and "--compile-only" in err

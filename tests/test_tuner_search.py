@@ -4,6 +4,7 @@ after SIGKILL, and a study shared by two processes through a journal."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import signal
 import subprocess
 import sys
@@ -15,8 +16,8 @@ from cc1d.generator import arch_info, default_variant, variants
 from cc1d.generator.space import space_for
 from cc1d.generator.variant import Variant
 from cc1d.tuner.db import TuningDB
-from cc1d.tuner.search import (SearchConfig, _BruteForce, make_sampler, simplicity, start_configs, tune_shape,
-                               with_added_params)
+from cc1d.tuner.search import (SearchConfig, _BruteForce, make_sampler, simplicity, start_configs, tile_fill,
+                               tune_shape, with_added_params)
 from cc1d.tuner.shapes import parse_shapes
 from cc1d.tuner.testing import FakeEvaluator, fake_time_us
 
@@ -340,6 +341,51 @@ def test_one_knob_neighbours_of_the_start_config_follow_its_register_caps(db):
     changed = [order.index(knob[k]) for k in tried[2 + len(caps):]]
     assert changed == sorted(changed)  # in the space's order
     assert res.winner.key() == faster
+
+
+# bf16 x, fp32 weights: the default's tiles are 2048 positions, which a 3000 row fills to 73 %.
+FIT = parse_shapes([{"layout": "cf", "batch": 2, "dim": 256, "seqlen": 3000}])[0]
+
+
+def test_tile_fill_is_the_share_of_a_rows_tiles_inside_the_sequence():
+    v = default_variant(FIT.family())
+    assert v.geometry()["tile_l"] == 2048
+    assert tile_fill(v, 3000) == pytest.approx(3000 / 4096)
+    assert tile_fill(v, 2048) == tile_fill(v, 4096) == 1.0
+    assert tile_fill(v, 100) == pytest.approx(100 / 2048)
+    cl = default_variant(CL.family())
+    assert cl.geometry()["tile_l"] == 64 and tile_fill(cl, 3000) == pytest.approx(3000 / 3008)
+    upd = parse_shapes([{"op": "upd", "layout": "cl", "batch": 4, "dim": 256, "seqlen": 1}])[0]
+    assert tile_fill(default_variant(upd.family()), 1) is None  # its tiles run along the batch
+
+
+def _compiled(tmp_path, name, shape, fit, starts, times=None):
+    ev = FakeEvaluator(times=times) if times else FakeEvaluator()
+    with TuningDB(tmp_path / f"{name}.db") as d:
+        res = tune_shape(shape, ARCH, ev, d, SearchConfig(trials=4, finalists=4, fit_starts=fit),
+                         start_configs=starts)
+    return ev.compiled, res
+
+
+def test_fit_starts_try_the_neighbours_that_fill_the_sequence_best_right_after_the_starts(tmp_path):
+    """--fit-starts 2: a start whose 2048-position tiles a 3000 row fills to 73 % is followed
+    by its one-knob neighbours of 1024 and 512 positions (98 %; 16-byte vectors kept, the
+    longer tile first) before its register caps, and one wins where it is faster. Without
+    the flag, or where its tiles fit the sequence (4096), the order is the plain one; with
+    no start, the default's neighbours come."""
+    default = default_variant(FIT.family())
+    start = default_variant(FIT.family(), max_regs=64)
+    n2, n1 = (default_variant(FIT.family(), max_regs=64, nvec=n) for n in (2, 1))
+    compiled, res = _compiled(tmp_path, "fit", FIT, 2, [start.params], times=lambda v: 5.0 if v == n1 else 20.0)
+    assert compiled == [default.key(), start.key(), n2.key(), n1.key()]
+    assert res.winner == n1
+    plain, _ = _compiled(tmp_path, "plain", FIT, 0, [start.params])
+    assert plain[:2] == compiled[:2] and n2.key() not in plain and n1.key() not in plain
+    fits = replace(FIT, seqlen=4096)
+    assert _compiled(tmp_path, "fits", fits, 2, [start.params])[0] == _compiled(tmp_path, "fits0", fits, 0,
+                                                                                 [start.params])[0]
+    alone, _ = _compiled(tmp_path, "alone", FIT, 1, [])
+    assert alone[:2] == [default.key(), default_variant(FIT.family(), nvec=2).key()]
 
 
 def test_family_starts_follow_the_shapes_own_winner_nearest_shape_first(tmp_path):

@@ -62,6 +62,11 @@ def tune_parser() -> argparse.ArgumentParser:
                    help="with --start-from: also try the winners of the N nearest shapes of the shape's op, "
                         "layout and width at the other dtype pairs whose x has the same element size (fp16 "
                         "from bf16, say), after the other widths' (default 0)")
+    p.add_argument("--fit-starts", type=int, default=0, metavar="N",
+                   help="for each start config (the default without --start-from) whose tiles fill the "
+                        "shape's sequence less than 90 %%, try right after the starts N of its one-knob "
+                        "neighbours that fill it best (default 0; e.g. for lengths such as 3000 between "
+                        "the tuned ones)")
     p.add_argument("--compile-workers", type=int, default=None, metavar="N",
                    help="threads compiling candidates ahead of the one being timed (default: half the "
                         "CPUs, at most 8, shared among --workers)")
@@ -331,7 +336,8 @@ def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], Devi
         args.storage = _spawn_workers(args, argv, args.workers, db_path)
         args.resume = True  # the parent picks up what the workers measured and finalizes
     cfg = SearchConfig(trials=args.trials or DEFAULT_TRIALS, budget_s=args.budget_s, seed=args.seed,
-                       resume=args.resume, finalize=not args.worker, compile_workers=args.compile_workers)
+                       resume=args.resume, finalize=not args.worker, compile_workers=args.compile_workers,
+                       fit_starts=args.fit_starts)
     storage = _storage(args.storage)
     env = environment(device, rt, arch)
     copy_bw = copy_bandwidth()
@@ -646,6 +652,8 @@ def main(argv: Sequence[str] | None = None, *,
                 raise UsageError(f"{flag}: expected 0 or a positive number, got {count}")
             if count and not args.start_from:
                 raise UsageError(f"{flag}: needs --start-from (the DBs whose winners it tries)")
+        if args.fit_starts < 0:
+            raise UsageError(f"--fit-starts: expected 0 or a positive number, got {args.fit_starts}")
         for path in args.start_from:
             if not Path(path).is_file():
                 raise UsageError(f"--start-from: expected tuning DB files, got {path!r} (no such file)")

@@ -53,6 +53,26 @@ class SearchConfig:
     tie_tolerance: float = 0.005  # near-tie floor when the measured spread is smaller
     resume: bool = False
     finalize: bool = True         # False: workers of a shared study only run trials
+    fit_starts: int = 0           # per start config whose tiles the sequence fills poorly, this many
+                                  # of its one-knob neighbours that fill it better (--fit-starts)
+
+
+# A start config whose tiles a row of the shape's sequence fills less than this gets
+# --fit-starts neighbours. Session 72: a channel-first bf16 forward of a 2048-position tile
+# ran (8, 5120, 3000) in the time of (8, 5120, 4096), 73 % filled (each block costs about
+# the same, half of its work or all).
+FIT_FILL = 0.9
+
+
+def tile_fill(v: Variant, seqlen: int) -> float | None:
+    """The fraction of the positions a row's tiles span that lie in a sequence of `seqlen`
+    (1.0: its last tile ends where the sequence does): forward and backward variants only,
+    whose tiles run along the sequence (an update's run along the batch, a varlen prefill's
+    along the packed tokens), else None."""
+    if v.family.op not in ("fwd", "bwd") or seqlen < 1:
+        return None
+    tile = int(v.geometry()["tile_l"])
+    return seqlen / (-(-seqlen // tile) * tile) if tile > 0 else None
 
 
 @dataclass
@@ -197,7 +217,7 @@ class ShapeSearch:
         if not (self.shared and self.study.trials):  # one process of a shared study enqueues
             queued = set(self.known)
             starts = [self._variant(c) for c in self.start_configs]
-            for v in [self.default] + starts + self._neighbours(starts):
+            for v in [self.default] + starts + self._fitting(starts or [self.default]) + self._neighbours(starts):
                 if v.key() not in queued:
                     self.study.enqueue_trial(v.params)
                     queued.add(v.key())
@@ -269,6 +289,30 @@ class ShapeSearch:
                         n = self._variant({**v.params, name: value})
                         if n.why_invalid(self.arch_obj) is None:  # run_trials drops repeats
                             out.append(n)
+        return out
+
+    def _fitting(self, starts: Sequence[Variant]) -> list[Variant]:
+        """--fit-starts N: for each start config whose tiles fill the shape's sequence less
+        than FIT_FILL, the N of its one-knob neighbours that fill it best, where better than
+        it does; of those that fill it alike (to a percent), the wider vector first (a
+        narrower one halves the bytes each load moves), then the longer tile (the fewer
+        blocks), then the space's order. Tried right after the starts: a short
+        search's register caps and other neighbours come first otherwise, and session
+        71-72's length-3000 calls had not reached a fitting tile in 10 trials."""
+        if self.cfg.fit_starts <= 0:
+            return []
+        out = []
+        for v in starts:
+            fill = tile_fill(v, self.shape.seqlen)
+            if fill is None or fill >= FIT_FILL:
+                continue
+            ranked = []
+            for i, n in enumerate(self._neighbours([v])):
+                f = tile_fill(n, self.shape.seqlen)
+                if f is not None and round(f, 2) > round(fill, 2):
+                    g = n.geometry()
+                    ranked.append((-round(f, 2), -g["align_bytes"], -g["tile_l"], i, n))
+            out += [n for *_, n in sorted(ranked, key=lambda r: r[:4])][:self.cfg.fit_starts]
         return out
 
     def _abandon(self, pending: deque) -> None:
