@@ -1,0 +1,198 @@
+"""Which winners of guarded tuning runs to ship: the calls the runs' winners move, each
+looked up in the timings the moves benchmarks took. No GPU needed.
+
+A guarded device run (benchmarks/device_tune.sh) brings back its DB (tune.db) and the moves
+it timed (moves.json, from bench_moves.py; a peer sweep's JSON from bench_vs_peer.py serves
+too). They time a sample of the calls its winners would move: a winner tuned at one shape
+also serves the calls around it, and can slow some. This merges the runs' winners into a
+copy of the DB before them, lists every call whose kernel changes (tuner/moves.py's grid,
+and the new entries' own calls), and takes each call's time under its kernel before and
+after from whichever JSON timed that kernel at that call (the median where several did).
+
+With --out-dir it prunes: every winner that serves a timed call slowed by more than 3 % is
+left out and the moves listed again, until none is; each run's DB less those winners is
+written there, to `cc1d-tune db merge` into the shipped DB. The summary is the pruned
+merge's: per family the calls that change kernel, those timed under both kernels, their
+geometric mean speed after against before, how many are faster or slower by more than
+3 %, and how many are behind the peer (where it was timed) before and after.
+
+    python benchmarks/prune_runs.py --before BEFORE.db --runs r1/tune.db r2/tune.db \\
+        --timings r1/moves.json r2/moves.json [--out-dir pruned/]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import statistics
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+from bench_moves import moves_between  # a sibling script: run as benchmarks/prune_runs.py
+
+SLOWED = 1.03  # after / before above this: slowed (bench_moves.py's "more than 3 %")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before", type=Path, required=True, help="the tuning DB the runs' winners would go into")
+    ap.add_argument("--runs", type=Path, nargs="+", required=True, help="the runs' tuning DBs (tune.db)")
+    ap.add_argument("--timings", type=Path, nargs="+", required=True,
+                    help="JSON rows of bench_moves.py or bench_vs_peer.py (--out) that timed the moved calls")
+    ap.add_argument("--out-dir", type=Path, default=None,
+                    help="prune, and write each run's DB less the winners left out here (a new folder)")
+    args = ap.parse_args(argv)
+    for name, paths in (("--before", [args.before]), ("--runs", args.runs), ("--timings", args.timings)):
+        for path in paths:
+            if not path.is_file():
+                ap.error(f"{name}: no such file '{path}'")
+    if args.out_dir is not None and args.out_dir.exists():
+        ap.error(f"--out-dir: expected a new folder, got '{args.out_dir}', which exists")
+    return args
+
+
+class TimingsError(ValueError):
+    """A timings file that is not a benchmark's JSON rows."""
+
+
+def load_timings(paths: list[Path]) -> dict[tuple, dict[str, list[float]]]:
+    """(family key, features, call) -> variant key (or "peer") -> the times measured there,
+    in µs: bench_moves.py's rows give the kernels before and after, bench_vs_peer.py's the
+    one it served; rows that failed or were not timed give none."""
+    times: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for path in paths:
+        try:
+            rows = json.loads(path.read_text())["rows"]
+            for r in rows:
+                at = times[(r["family"], r["features"], tuple(r["call"]))]
+                pairs = [(r.get("before_variant"), r.get("before_us")), (r.get("after_variant"), r.get("after_us")),
+                         (r.get("variant"), r.get("cc1d_us")), ("peer", r.get("peer_us"))]
+                for variant, us in pairs:
+                    if variant is not None and isinstance(us, (int, float)):
+                        at[variant].append(float(us))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise TimingsError(f"--timings: {path} is not the JSON rows of bench_moves.py or bench_vs_peer.py "
+                               f"({type(exc).__name__}: {exc})") from None
+    return times
+
+
+def merged(before: Path, runs: list[Path], left_out: set[tuple[str, str, str]], folder: Path) -> Path:
+    """A copy of `before` with each run's winners merged in (where faster, as `cc1d-tune db
+    merge`), but for `left_out` ((arch, family key, shape key))."""
+    from cc1d.tuner.db import TuningDB
+    folder = Path(tempfile.mkdtemp(dir=folder))  # each merge its own files
+    path = folder / "merged.db"
+    shutil.copyfile(before, path)
+    with TuningDB(path) as db:
+        for i, run in enumerate(runs):
+            with TuningDB(pruned_copy(run, left_out, folder / f"run{i}.db"), readonly=True) as other:
+                db.merge_from(other)
+    return path
+
+
+def pruned_copy(run: Path, left_out: set[tuple[str, str, str]], path: Path) -> Path:
+    """The run's DB at `path`, less the winners of `left_out` it holds."""
+    from cc1d.tuner.db import TuningDB
+    shutil.copyfile(run, path)
+    with TuningDB(path) as db:
+        for arch, family, shape in left_out:
+            if db.winner(arch, family, shape) is not None:
+                db.drop_winner(arch, family, shape)
+    return path
+
+
+def assess(before: Path, after: Path, times: dict) -> list[dict]:
+    """Each call whose kernel changes from `before` to `after`, with its median times under
+    both kernels and the peer's where they were timed (None where not)."""
+    out = []
+    for m in moves_between(before, after, entries=True):
+        at = times.get((m.family_key, m.features, m.call), {})
+        med = {k: statistics.median(at[k]) if at.get(k) else None for k in (m.before, m.after, "peer")}
+        out.append(dict(move=m, before_us=med[m.before], after_us=med[m.after], peer_us=med["peer"]))
+    return out
+
+
+def slowed(row: dict) -> bool:
+    return row["before_us"] is not None and row["after_us"] is not None and \
+        row["after_us"] > SLOWED * row["before_us"]
+
+
+def prune(before: Path, runs: list[Path], times: dict, folder: Path) -> tuple[set, list[dict], list[dict]]:
+    """Leave out every winner that serves a timed call slowed by more than 3 %, until the
+    merge less them slows none. Returns what was left out, the calls that made it so (as
+    first found), and the pruned merge's moved calls."""
+    left_out: set[tuple[str, str, str]] = set()
+    why: list[dict] = []
+    while True:
+        rows = assess(before, merged(before, runs, left_out, folder), times)
+        bad = [r for r in rows if slowed(r)]
+        if not bad:
+            return left_out, why, rows
+        why += bad
+        left_out |= {(r["move"].arch, r["move"].family_key, r["move"].after_shape) for r in bad}
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(math.fsum(map(math.log, values)) / len(values)) if values else math.nan
+
+
+def summary_lines(rows: list[dict]) -> list[str]:
+    """The moved calls per family and in all, as a markdown table."""
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[r["move"].family_key].append(r)
+    head = ["| family | calls moved (entries) | timed under both kernels | geometric mean after vs before | "
+            "faster > 3 % | slower > 3 % | behind the peer > 3 %, before -> after (of those timed with it) |",
+            "|---|---|---|---|---|---|---|"]
+
+    def line(name: str, rs: list[dict]) -> str:
+        timed = [r for r in rs if r["before_us"] is not None and r["after_us"] is not None]
+        speed = [r["before_us"] / r["after_us"] for r in timed]
+        peer = [r for r in timed if r["peer_us"] is not None]
+        behind = [sum(r[k] > SLOWED * r["peer_us"] for r in peer) for k in ("before_us", "after_us")]
+        gm = f"{geomean(speed):.2f}x ({min(speed):.2f}-{max(speed):.2f}x)" if speed else "-"
+        return (f"| {name} | {len(rs)} ({sum(r['move'].entry for r in rs)}) | {len(timed)} | {gm} | "
+                f"{sum(s > SLOWED for s in speed)} | {sum(s < 1 / SLOWED for s in speed)} | "
+                f"{behind[0]} -> {behind[1]} ({len(peer)}) |")
+    return head + [line(f, groups[f]) for f in sorted(groups)] + [line("all", rows)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        times = load_timings(args.timings)
+    except TimingsError as exc:
+        print(f"prune_runs.py: {exc}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="cc1d-prune-") as tmp:
+        folder = Path(tmp)
+        if args.out_dir is None:
+            left_out, why, rows = set(), [], assess(args.before, merged(args.before, args.runs, set(), folder), times)
+        else:
+            left_out, why, rows = prune(args.before, args.runs, times, folder)
+            args.out_dir.mkdir(parents=True)
+            for i, run in enumerate(args.runs):
+                pruned_copy(run, left_out, args.out_dir / f"{i + 1}-{run.name}")
+    print(f"{len(args.runs)} runs merged into a copy of {args.before}; timings from {len(args.timings)} files")
+    if args.out_dir is not None:
+        n = len(left_out)
+        print(f"left out: {n} winner{'' if n == 1 else 's'}, whose moves slowed a timed call by more than 3 %")
+        for r in why:
+            m = r["move"]
+            print(f"  {m.family_key} {m.after_shape}: {m.call} {r['before_us']:.1f} -> {r['after_us']:.1f} µs")
+        print(f"the runs' DBs less them: {args.out_dir}/<n>-<name>")
+    for r in rows:
+        if slowed(r):
+            m = r["move"]
+            print(f"slowed: {m.family_key} {m.call} {r['before_us']:.1f} -> {r['after_us']:.1f} µs "
+                  f"(served by the {m.after_shape} entry)")
+    print("\n".join(summary_lines(rows)))
+    return 0
+
+
+if __name__ == "__main__":
+    from script_exit import exit_with  # a sibling script
+    exit_with(main, "prune_runs.py")

@@ -1,0 +1,148 @@
+"""benchmarks/prune_runs.py: its options and timings files are checked; the calls a run's
+winner moves are looked up in the timings (either benchmark's rows); with --out-dir a winner
+whose moves slowed a timed call is left out of the run's DB written there, and one whose
+timed moves are all faster is kept. No GPU: the runs and timings are made here."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from cc1d.tuner.db import TuningDB
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "prune_runs.py"
+SHIPPED = REPO / "tuning_db" / "sm_90.db"
+sys.path.insert(0, str(SCRIPT.parent))  # its sibling bench_moves, as when run as a script
+spec = importlib.util.spec_from_file_location("cc1d_prune_runs", SCRIPT)
+prune_script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(prune_script)
+
+FAMILY = "bwd.cf.bf16wbf16.w4"
+ENTRY = "b8.d5120.l4096.bias.silu"  # a winner serving many grid calls around it
+
+
+def _run(*argv):
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, argv)], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def dbs(tmp_path_factory):
+    """The shipped DB less ENTRY (before), and a run's DB that holds ENTRY's winner alone."""
+    folder = tmp_path_factory.mktemp("dbs")
+    before, run = folder / "before.db", folder / "run.db"
+    for path, where in ((before, "family_key = ? AND shape_key = ?"), (run, "NOT (family_key = ? AND shape_key = ?)")):
+        shutil.copyfile(SHIPPED, path)
+        with closing(sqlite3.connect(path)) as con, con:
+            con.execute(f"DELETE FROM winners WHERE {where}", (FAMILY, ENTRY))
+    with TuningDB(run, readonly=True) as db:
+        assert [w["shape_key"] for w in db.winners()] == [ENTRY]
+    return before, run
+
+
+def _moves(before):
+    """The calls the run's winner moves: before and the run merged are the shipped DB."""
+    return prune_script.moves_between(before, SHIPPED, entries=True)
+
+
+def _timings(path, moves, after_us, peer_us=None, fmt="moves"):
+    """A timings file timing each move at 10 µs before and `after_us(move)` after."""
+    rows = []
+    for m in moves:
+        if fmt == "moves":
+            rows.append(dict(family=m.family_key, features=m.features, call=list(m.call), before_variant=m.before,
+                             after_variant=m.after, before_us=10.0, after_us=after_us(m), peer_us=peer_us))
+        else:  # bench_vs_peer.py: one kernel a row
+            rows += [dict(family=m.family_key, features=m.features, call=list(m.call), variant=v, cc1d_us=us,
+                          peer_us=peer_us) for v, us in ((m.before, 10.0), (m.after, after_us(m)))]
+    path.write_text(json.dumps({"rows": rows}))
+    return path
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "the following arguments are required: --before, --runs, --timings"),
+    (["--before", "/nonexistent/a.db", "--runs", SHIPPED, "--timings", __file__], "--before: no such file"),
+    (["--before", SHIPPED, "--runs", "/nonexistent/r.db", "--timings", __file__], "--runs: no such file"),
+    (["--before", SHIPPED, "--runs", SHIPPED, "--timings", "/nonexistent/m.json"], "--timings: no such file"),
+    (["--before", SHIPPED, "--runs", SHIPPED, "--timings", __file__, "--out-dir", REPO],
+     f"--out-dir: expected a new folder, got '{REPO}', which exists"),
+])
+def test_bad_options_are_refused(argv, message):
+    res = _run(*argv)
+    assert res.returncode == 2 and message in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("text, why", [("not json", "JSONDecodeError"), ('{"calls": []}', "KeyError"),
+                                       ('{"rows": [{"family": "x"}]}', "KeyError")])
+def test_a_timings_file_that_is_no_benchmarks_rows_is_named(tmp_path, dbs, text, why):
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    res = _run("--before", dbs[0], "--runs", dbs[1], "--timings", bad)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert f"--timings: {bad} is not the JSON rows of bench_moves.py or bench_vs_peer.py ({why}" in res.stderr
+
+
+@pytest.mark.parametrize("fmt", ["moves", "vs_peer"])
+def test_every_moved_call_is_looked_up_in_either_benchmarks_rows(tmp_path, dbs, fmt):
+    before, run = dbs
+    moves = _moves(before)
+    assert len(moves) > 4 and any(m.entry for m in moves)
+    timed = moves[:-2]  # the last two left untimed
+    times = prune_script.load_timings([_timings(tmp_path / "t.json", timed, lambda m: 8.0, 9.0, fmt)])
+    rows = prune_script.assess(before, SHIPPED, times)
+    assert {r["move"] for r in rows} == set(moves)
+    for r in rows:
+        was_timed = r["move"] in timed
+        assert (r["before_us"], r["after_us"], r["peer_us"]) == ((10.0, 8.0, 9.0) if was_timed else (None,) * 3)
+
+
+def test_a_winner_whose_moves_slowed_a_timed_call_is_left_out(tmp_path, dbs):
+    before, run = dbs
+    moves = _moves(before)
+    victim = next(m for m in moves if not m.entry)
+    timings = _timings(tmp_path / "t.json", moves, lambda m: 12.0 if m == victim else 8.0, peer_us=9.0)
+    res = _run("--before", before, "--runs", run, "--timings", timings, "--out-dir", tmp_path / "out")
+    assert res.returncode == 0, res.stderr
+    assert "left out: 1 winner," in res.stdout
+    assert f"{FAMILY} {ENTRY}: {victim.call} 10.0 -> 12.0 µs" in res.stdout
+    with TuningDB(tmp_path / "out" / f"1-{run.name}", readonly=True) as db:
+        assert db.winners() == []
+    assert "| all | 0 (0) | 0 | - | 0 | 0 | 0 -> 0 (0) |" in res.stdout  # the pruned merge moves nothing
+
+
+def test_a_winner_whose_timed_moves_are_faster_is_kept_and_summed(tmp_path, dbs):
+    before, run = dbs
+    moves = _moves(before)
+    untimed = next(m for m in moves if not m.entry)
+    timed = [m for m in moves if m != untimed]
+    timings = _timings(tmp_path / "t.json", timed, lambda m: 5.0 if m.entry else 8.0, peer_us=9.0)
+    res = _run("--before", before, "--runs", run, "--timings", timings, "--out-dir", tmp_path / "out")
+    assert res.returncode == 0, res.stderr
+    assert "left out: 0 winners," in res.stdout
+    with TuningDB(tmp_path / "out" / f"1-{run.name}", readonly=True) as db:
+        assert [w["shape_key"] for w in db.winners()] == [ENTRY]
+    entries = sum(m.entry for m in moves)
+    speeds = [2.0 if m.entry else 1.25 for m in timed]
+    gm = prune_script.geomean(speeds)
+    # 10 µs before, behind the peer's 9; after 8 or 5, ahead of it
+    assert (f"| {FAMILY} | {len(moves)} ({entries}) | {len(timed)} | {gm:.2f}x (1.25-2.00x) | {len(timed)} | 0 | "
+            f"{len(timed)} -> 0 ({len(timed)}) |") in res.stdout
+
+
+def test_without_out_dir_the_slowed_calls_are_listed_and_nothing_is_written(tmp_path, dbs):
+    before, run = dbs
+    moves = _moves(before)
+    victim = next(m for m in moves if not m.entry)
+    timings = _timings(tmp_path / "t.json", moves, lambda m: 12.0 if m == victim else 8.0)
+    res = _run("--before", before, "--runs", run, "--timings", timings)
+    assert res.returncode == 0, res.stderr
+    assert f"slowed: {FAMILY} {victim.call} 10.0 -> 12.0 µs (served by the {ENTRY} entry)" in res.stdout
+    assert "left out" not in res.stdout and list(tmp_path.iterdir()) == [timings]
