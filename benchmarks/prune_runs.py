@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import statistics
 import sys
 import tempfile
@@ -79,13 +78,20 @@ def load_timings(paths: list[Path]) -> dict[tuple, dict[str, list[float]]]:
     return times
 
 
+def copy_db(src: Path, dest: Path) -> Path:
+    """A one-file copy of a tuning DB (SQLite's backup: a run killed mid-write leaves what it
+    stored last in its -wal file, which a file copy would miss)."""
+    from cc1d.tuner.db import TuningDB
+    with TuningDB(src, readonly=True) as db:
+        return db.copy_to(dest)
+
+
 def merged(before: Path, runs: list[Path], left_out: set[tuple[str, str, str]], folder: Path) -> Path:
     """A copy of `before` with each run's winners merged in (where faster, as `cc1d-tune db
     merge`), but for `left_out` ((arch, family key, shape key))."""
     from cc1d.tuner.db import TuningDB
     folder = Path(tempfile.mkdtemp(dir=folder))  # each merge its own files
-    path = folder / "merged.db"
-    shutil.copyfile(before, path)
+    path = copy_db(before, folder / "merged.db")
     with TuningDB(path) as db:
         for i, run in enumerate(runs):
             with TuningDB(pruned_copy(run, left_out, folder / f"run{i}.db"), readonly=True) as other:
@@ -96,8 +102,7 @@ def merged(before: Path, runs: list[Path], left_out: set[tuple[str, str, str]], 
 def pruned_copy(run: Path, left_out: set[tuple[str, str, str]], path: Path) -> Path:
     """The run's DB at `path`, less the winners of `left_out` it holds."""
     from cc1d.tuner.db import TuningDB
-    shutil.copyfile(run, path)
-    with TuningDB(path) as db:
+    with TuningDB(copy_db(run, path)) as db:
         for arch, family, shape in left_out:
             if db.winner(arch, family, shape) is not None:
                 db.drop_winner(arch, family, shape)
