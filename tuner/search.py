@@ -59,8 +59,8 @@ class SearchConfig:
 
 # A start config whose tiles a row of the shape's sequence fills less than this gets
 # --fit-starts neighbours. Session 72: a channel-first bf16 forward of a 2048-position tile
-# ran (8, 5120, 3000) in the time of (8, 5120, 4096), 73 % filled (each block costs about
-# the same, half of its work or all).
+# ran (8, 5120, 3000), 73 % filled, in the time of (8, 5120, 4096) (not profiled: the
+# blocks of the cut tile, with half the work, seem to cost what the others do).
 FIT_FILL = 0.9
 
 
@@ -296,9 +296,9 @@ class ShapeSearch:
         than FIT_FILL, the N of its one-knob neighbours that fill it best, where better than
         it does; of those that fill it alike (to a percent), the wider vector first (a
         narrower one halves the bytes each load moves), then the longer tile (the fewer
-        blocks), then the space's order. Tried right after the starts: a short
-        search's register caps and other neighbours come first otherwise, and session
-        71-72's length-3000 calls had not reached a fitting tile in 10 trials."""
+        blocks), then the space's order. Tried right after the starts: otherwise a short
+        search's register caps and other neighbours come first (session 71's at backward
+        width 3 (16, 2048, 3000) timed 5 candidates, none of a segment 3000 fills well)."""
         if self.cfg.fit_starts <= 0:
             return []
         out = []
