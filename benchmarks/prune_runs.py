@@ -14,10 +14,12 @@ left out and the moves listed again, until none is; each run's DB less those win
 written there, to `cc1d-tune db merge` into the shipped DB. The summary is the pruned
 merge's: per family the calls that change kernel, those timed under both kernels, their
 geometric mean speed after against before, how many are faster or slower by more than
-3 %, and how many are behind the peer (where it was timed) before and after.
+3 %, and how many are behind the peer (where it was timed) before and after. With
+--behind-out, every timed call (moved or not) whose kernel after the merge ran more than
+3 % slower than the peer there is written as a shapes file, worst first: the next run's.
 
     python benchmarks/prune_runs.py --before BEFORE.db --runs r1/tune.db r2/tune.db \\
-        --timings r1/moves.json r2/moves.json [--out-dir pruned/]
+        --timings r1/moves.json r2/moves.json sweep.json [--out-dir pruned/] [--behind-out behind.yaml]
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from bench_moves import moves_between  # a sibling script: run as benchmarks/prune_runs.py
+from bench_moves import moves_between, new_file_error  # a sibling script: run as benchmarks/prune_runs.py
 
 SLOWED = 1.03  # after / before above this: slowed (bench_moves.py's "more than 3 %")
 
@@ -43,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="JSON rows of bench_moves.py or bench_vs_peer.py (--out) that timed the moved calls")
     ap.add_argument("--out-dir", type=Path, default=None,
                     help="prune, and write each run's DB less the winners left out here (a new folder)")
+    ap.add_argument("--behind-out", type=Path, default=None,
+                    help="write the timed calls behind the peer after the merge as a shapes file (a new file)")
     args = ap.parse_args(argv)
     for name, paths in (("--before", [args.before]), ("--runs", args.runs), ("--timings", args.timings)):
         for path in paths:
@@ -50,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 ap.error(f"{name}: no such file '{path}'")
     if args.out_dir is not None and args.out_dir.exists():
         ap.error(f"--out-dir: expected a new folder, got '{args.out_dir}', which exists")
+    if args.behind_out is not None and new_file_error(args.behind_out):
+        ap.error(f"--behind-out: expected a new file, got '{args.behind_out}', which "
+                 f"{new_file_error(args.behind_out)}")
     return args
 
 
@@ -57,15 +64,17 @@ class TimingsError(ValueError):
     """A timings file that is not a benchmark's JSON rows."""
 
 
-def load_timings(paths: list[Path]) -> dict[tuple, dict[str, list[float]]]:
-    """(family key, features, call) -> variant key (or "peer") -> the times measured there,
-    in µs: bench_moves.py's rows give the kernels before and after, bench_vs_peer.py's the
-    one it served; rows that failed or were not timed give none."""
+def load_timings(paths: list[Path]) -> tuple[str, dict[tuple, dict[str, list[float]]]]:
+    """The files' arch, and (family key, features, call) -> variant key (or "peer") -> the
+    times measured there, in µs: bench_moves.py's rows give the kernels before and after,
+    bench_vs_peer.py's the one it served; rows that failed or were not timed give none."""
     times: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    archs = {}
     for path in paths:
         try:
-            rows = json.loads(path.read_text())["rows"]
-            for r in rows:
+            doc = json.loads(path.read_text())
+            archs[path] = doc["arch"]
+            for r in doc["rows"]:
                 at = times[(r["family"], r["features"], tuple(r["call"]))]
                 pairs = [(r.get("before_variant"), r.get("before_us")), (r.get("after_variant"), r.get("after_us")),
                          (r.get("variant"), r.get("cc1d_us")), ("peer", r.get("peer_us"))]
@@ -75,7 +84,10 @@ def load_timings(paths: list[Path]) -> dict[tuple, dict[str, list[float]]]:
         except (ValueError, KeyError, TypeError) as exc:
             raise TimingsError(f"--timings: {path} is not the JSON rows of bench_moves.py or bench_vs_peer.py "
                                f"({type(exc).__name__}: {exc})") from None
-    return times
+    if len(set(archs.values())) > 1:
+        raise TimingsError("--timings: expected the files of one arch, got " +
+                           ", ".join(f"{p} {a}" for p, a in archs.items()))
+    return next(iter(archs.values())), times
 
 
 def copy_db(src: Path, dest: Path) -> Path:
@@ -140,6 +152,35 @@ def prune(before: Path, runs: list[Path], times: dict, folder: Path) -> tuple[se
         left_out |= {(r["move"].arch, r["move"].family_key, r["move"].after_shape) for r in bad}
 
 
+def behind_calls(after: Path, arch: str, times: dict) -> list[tuple[float, object]]:
+    """Every timed call whose kernel in `after` (the winner the dispatcher serves it from
+    there, else the family's default) ran more than 3 % slower than the peer, as (its speed
+    against the peer, its shape), slowest first."""
+    from cc1d.generator import default_variant
+    from cc1d.tuner.db import TuningDB
+    from cc1d.tuner.moves import Move
+    from cc1d.tuner.serving import served_winner
+    out = []
+    with TuningDB(after, readonly=True) as db:
+        for (family, features, call), at in times.items():
+            shape = Move(arch, family, features, call, None, "").shape
+            row = served_winner(db, arch, shape)
+            served = row["variant_key"] if row else default_variant(shape.family()).key()
+            if at.get(served) and at.get("peer"):
+                speed = statistics.median(at["peer"]) / statistics.median(at[served])
+                if speed < 1 / SLOWED:
+                    out.append((speed, shape))
+    return sorted(out, key=lambda x: x[0])
+
+
+def write_behind(path: Path, calls: list[tuple[float, object]], header: str) -> None:
+    """The calls as a shapes file for cc1d-tune, each with its speed against the peer."""
+    from cc1d.tuner.guard import shapes_entry
+    from timing import write_whole
+    lines = [f"# {header}", "shapes:"] + [f"  - {shapes_entry(shape)}  # {speed:.2f}x" for speed, shape in calls]
+    write_whole(path, "\n".join(lines) + "\n")
+
+
 def geomean(values: list[float]) -> float:
     return math.exp(math.fsum(map(math.log, values)) / len(values)) if values else math.nan
 
@@ -168,7 +209,7 @@ def summary_lines(rows: list[dict]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        times = load_timings(args.timings)
+        arch, times = load_timings(args.timings)
     except TimingsError as exc:
         print(f"prune_runs.py: {exc}", file=sys.stderr)
         return 2
@@ -181,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
             args.out_dir.mkdir(parents=True)
             for i, run in enumerate(args.runs):
                 pruned_copy(run, left_out, args.out_dir / f"{i + 1}-{run.name}")
+        if args.behind_out is not None:
+            behind = behind_calls(merged(args.before, args.runs, left_out, folder), arch, times)
+            write_behind(args.behind_out, behind, f"the timed calls behind the peer by more than 3 % after "
+                         f"{len(args.runs)} runs{' (pruned)' if args.out_dir else ''} merged into {args.before} "
+                         "(benchmarks/prune_runs.py), slowest first")
     print(f"{len(args.runs)} runs merged into a copy of {args.before}; timings from {len(args.timings)} files")
     if args.out_dir is not None:
         n = len(left_out)
@@ -195,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"slowed: {m.family_key} {m.call} {r['before_us']:.1f} -> {r['after_us']:.1f} µs "
                   f"(served by the {m.after_shape} entry)")
     print("\n".join(summary_lines(rows)))
+    if args.behind_out is not None:
+        print(f"{len(behind)} timed calls behind the peer by more than 3 % written to {args.behind_out}")
     return 0
 
 

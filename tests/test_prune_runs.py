@@ -53,7 +53,7 @@ def _moves(before):
     return prune_script.moves_between(before, SHIPPED, entries=True)
 
 
-def _timings(path, moves, after_us, peer_us=None, fmt="moves"):
+def _timings(path, moves, after_us, peer_us=None, fmt="moves", arch="sm_90"):
     """A timings file timing each move at 10 µs before and `after_us(move)` after."""
     rows = []
     for m in moves:
@@ -63,7 +63,7 @@ def _timings(path, moves, after_us, peer_us=None, fmt="moves"):
         else:  # bench_vs_peer.py: one kernel a row
             rows += [dict(family=m.family_key, features=m.features, call=list(m.call), variant=v, cc1d_us=us,
                           peer_us=peer_us) for v, us in ((m.before, 10.0), (m.after, after_us(m)))]
-    path.write_text(json.dumps({"rows": rows}))
+    path.write_text(json.dumps({"arch": arch, "rows": rows}))
     return path
 
 
@@ -74,14 +74,19 @@ def _timings(path, moves, after_us, peer_us=None, fmt="moves"):
     (["--before", SHIPPED, "--runs", SHIPPED, "--timings", "/nonexistent/m.json"], "--timings: no such file"),
     (["--before", SHIPPED, "--runs", SHIPPED, "--timings", __file__, "--out-dir", REPO],
      f"--out-dir: expected a new folder, got '{REPO}', which exists"),
+    (["--before", SHIPPED, "--runs", SHIPPED, "--timings", __file__, "--behind-out", __file__],
+     f"--behind-out: expected a new file, got '{__file__}', which exists"),
+    (["--before", SHIPPED, "--runs", SHIPPED, "--timings", __file__, "--behind-out", "/nonexistent/b.yaml"],
+     "--behind-out: expected a new file, got '/nonexistent/b.yaml', which is in no folder"),
 ])
 def test_bad_options_are_refused(argv, message):
     res = _run(*argv)
     assert res.returncode == 2 and message in res.stderr, res.stderr
 
 
-@pytest.mark.parametrize("text, why", [("not json", "JSONDecodeError"), ('{"calls": []}', "KeyError"),
-                                       ('{"rows": [{"family": "x"}]}', "KeyError")])
+@pytest.mark.parametrize("text, why", [("not json", "JSONDecodeError"), ('{"arch": "sm_90", "calls": []}', "KeyError"),
+                                       ('{"rows": []}', "KeyError: 'arch'"),
+                                       ('{"arch": "sm_90", "rows": [{"family": "x"}]}', "KeyError")])
 def test_a_timings_file_that_is_no_benchmarks_rows_is_named(tmp_path, dbs, text, why):
     bad = tmp_path / "bad.json"
     bad.write_text(text)
@@ -96,7 +101,8 @@ def test_every_moved_call_is_looked_up_in_either_benchmarks_rows(tmp_path, dbs, 
     moves = _moves(before)
     assert len(moves) > 4 and any(m.entry for m in moves)
     timed = moves[:-2]  # the last two left untimed
-    times = prune_script.load_timings([_timings(tmp_path / "t.json", timed, lambda m: 8.0, 9.0, fmt)])
+    arch, times = prune_script.load_timings([_timings(tmp_path / "t.json", timed, lambda m: 8.0, 9.0, fmt)])
+    assert arch == "sm_90"
     rows = prune_script.assess(before, SHIPPED, times)
     assert {r["move"] for r in rows} == set(moves)
     for r in rows:
@@ -146,3 +152,41 @@ def test_without_out_dir_the_slowed_calls_are_listed_and_nothing_is_written(tmp_
     assert res.returncode == 0, res.stderr
     assert f"slowed: {FAMILY} {victim.call} 10.0 -> 12.0 µs (served by the {ENTRY} entry)" in res.stdout
     assert "left out" not in res.stdout and list(tmp_path.iterdir()) == [timings]
+
+
+def test_timings_of_two_archs_are_refused(tmp_path, dbs):
+    before, run = dbs
+    moves = _moves(before)
+    files = [_timings(tmp_path / f"{a}.json", moves, lambda m: 8.0, arch=a) for a in ("sm_90", "sm_80")]
+    res = _run("--before", before, "--runs", run, "--timings", *files)
+    assert res.returncode == 2 and "--timings: expected the files of one arch, got " in res.stderr, res.stderr
+    assert f"{files[0]} sm_90, {files[1]} sm_80" in res.stderr
+
+
+def test_behind_out_lists_the_timed_calls_slower_than_the_peer_after_the_merge_slowest_first(tmp_path, dbs):
+    """Moved calls are judged by their kernel after (here 8 µs against a peer at 9 or 7), and
+    a call that no winner moves by the kernel that still serves it (a sweep's row)."""
+    from cc1d.tuner.moves import Move
+    from cc1d.tuner.shapes import load_shapes
+    from cc1d.tuner.serving import served_winner
+    before, run = dbs
+    moves = _moves(before)
+    slow = {moves[0], moves[1]}  # the peer at 7 µs there: 8 after is 0.88x
+    rows = [dict(family=m.family_key, features=m.features, call=list(m.call), before_variant=m.before,
+                 after_variant=m.after, before_us=10.0, after_us=8.0 if m != moves[1] else 8.8,
+                 peer_us=7.0 if m in slow else 9.0) for m in moves]
+    kept = Move("sm_90", "fwd.cf.bf16wbf16.w4", "bias,silu", (8, 5120, 2048), None, "")  # an entry no run moves
+    with TuningDB(SHIPPED, readonly=True) as db:
+        served = served_winner(db, "sm_90", kept.shape)["variant_key"]
+    rows.append(dict(family=kept.family_key, features=kept.features, call=list(kept.call), variant=served,
+                     cc1d_us=20.0, peer_us=10.0))
+    timings = tmp_path / "t.json"
+    timings.write_text(json.dumps({"arch": "sm_90", "rows": rows}))
+    out = tmp_path / "behind.yaml"
+    res = _run("--before", before, "--runs", run, "--timings", timings, "--behind-out", out)
+    assert res.returncode == 0, res.stderr
+    assert f"3 timed calls behind the peer by more than 3 % written to {out}" in res.stdout
+    lines = [ln for ln in out.read_text().splitlines() if ln.startswith("  - ")]
+    assert [ln.rsplit("# ", 1)[1] for ln in lines] == ["0.50x", "0.80x", "0.88x"]
+    assert [(s.op, s.layout, s.batch, s.dim, s.seqlen) for s in load_shapes(out)] == \
+        [("fwd", "cf", 8, 5120, 2048), *((m.shape.op, m.shape.layout, *m.call) for m in (moves[1], moves[0]))]
