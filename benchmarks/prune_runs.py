@@ -60,6 +60,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def kernel_key(family_key: str, variant: str | None) -> str:
+    """The kernel a call runs: the variant, or where the family has no winner (None), the
+    catalog's default that the dispatcher then serves."""
+    if variant is not None:
+        return variant
+    from cc1d.generator import default_variant
+    from cc1d.tuner.db import family_from_key
+    return default_variant(family_from_key(family_key)).key()
+
+
 class TimingsError(ValueError):
     """A timings file that is not a benchmark's JSON rows."""
 
@@ -76,11 +86,12 @@ def load_timings(paths: list[Path]) -> tuple[str, dict[tuple, dict[str, list[flo
             archs[path] = doc["arch"]
             for r in doc["rows"]:
                 at = times[(r["family"], r["features"], tuple(r["call"]))]
-                pairs = [(r.get("before_variant"), r.get("before_us")), (r.get("after_variant"), r.get("after_us")),
-                         (r.get("variant"), r.get("cc1d_us")), ("peer", r.get("peer_us"))]
-                for variant, us in pairs:
-                    if variant is not None and isinstance(us, (int, float)):
-                        at[variant].append(float(us))
+                pairs = [("before_variant", "before_us"), ("after_variant", "after_us"), ("variant", "cc1d_us")]
+                for variant, us in pairs:  # a row has the first two (bench_moves.py) or the third
+                    if variant in r and isinstance(r.get(us), (int, float)):
+                        at[kernel_key(r["family"], r[variant])].append(float(r[us]))
+                if isinstance(r.get("peer_us"), (int, float)):
+                    at["peer"].append(float(r["peer_us"]))
         except (ValueError, KeyError, TypeError) as exc:
             raise TimingsError(f"--timings: {path} is not the JSON rows of bench_moves.py or bench_vs_peer.py "
                                f"({type(exc).__name__}: {exc})") from None
@@ -127,8 +138,8 @@ def assess(before: Path, after: Path, times: dict) -> list[dict]:
     out = []
     for m in moves_between(before, after, entries=True):
         at = times.get((m.family_key, m.features, m.call), {})
-        med = {k: statistics.median(at[k]) if at.get(k) else None for k in (m.before, m.after, "peer")}
-        out.append(dict(move=m, before_us=med[m.before], after_us=med[m.after], peer_us=med["peer"]))
+        keys = {"before_us": kernel_key(m.family_key, m.before), "after_us": m.after, "peer_us": "peer"}
+        out.append(dict(move=m, **{k: statistics.median(at[v]) if at.get(v) else None for k, v in keys.items()}))
     return out
 
 
@@ -156,7 +167,6 @@ def behind_calls(after: Path, arch: str, times: dict) -> list[tuple[float, objec
     """Every timed call whose kernel in `after` (the winner the dispatcher serves it from
     there, else the family's default) ran more than 3 % slower than the peer, as (its speed
     against the peer, its shape), slowest first."""
-    from cc1d.generator import default_variant
     from cc1d.tuner.db import TuningDB
     from cc1d.tuner.moves import Move
     from cc1d.tuner.serving import served_winner
@@ -165,7 +175,7 @@ def behind_calls(after: Path, arch: str, times: dict) -> list[tuple[float, objec
         for (family, features, call), at in times.items():
             shape = Move(arch, family, features, call, None, "").shape
             row = served_winner(db, arch, shape)
-            served = row["variant_key"] if row else default_variant(shape.family()).key()
+            served = kernel_key(family, row["variant_key"] if row else None)
             if at.get(served) and at.get("peer"):
                 speed = statistics.median(at["peer"]) / statistics.median(at[served])
                 if speed < 1 / SLOWED:

@@ -190,3 +190,20 @@ def test_behind_out_lists_the_timed_calls_slower_than_the_peer_after_the_merge_s
     assert [ln.rsplit("# ", 1)[1] for ln in lines] == ["0.50x", "0.80x", "0.88x"]
     assert [(s.op, s.layout, s.batch, s.dim, s.seqlen) for s in load_shapes(out)] == \
         [("fwd", "cf", 8, 5120, 2048), *((m.shape.op, m.shape.layout, *m.call) for m in (moves[1], moves[0]))]
+
+
+def test_a_call_no_winner_served_before_is_timed_under_the_familys_default(tmp_path):
+    """bench_moves.py names no variant before where the family had no winner: the call ran
+    the catalog's default, and its time counts as the default's."""
+    from cc1d.generator import default_variant
+    from cc1d.tuner.db import family_from_key
+    family = "fwd.cl.f16wf16.w4"
+    default = default_variant(family_from_key(family)).key()
+    assert prune_script.kernel_key(family, None) == default
+    assert prune_script.kernel_key(family, "some.variant") == "some.variant"
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"arch": "sm_90", "rows": [
+        dict(family=family, features="bias,silu", call=[16, 5120, 128], before_variant=None, after_variant="v",
+             before_us=16.0, after_us=15.0, peer_us=None)]}))
+    _, times = prune_script.load_timings([path])
+    assert times[(family, "bias,silu", (16, 5120, 128))] == {default: [16.0], "v": [15.0]}
