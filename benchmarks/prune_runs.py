@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import tempfile
@@ -33,8 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from bench_moves import moves_between, new_file_error  # a sibling script: run as benchmarks/prune_runs.py
-
-SLOWED = 1.03  # after / before above this: slowed (bench_moves.py's "more than 3 %")
+from cc1d.tuner.guard import SLOWER  # above this ratio, slowed: the guard's and bench_moves.py's 3 %
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -145,7 +143,7 @@ def assess(before: Path, after: Path, times: dict) -> list[dict]:
 
 def slowed(row: dict) -> bool:
     return row["before_us"] is not None and row["after_us"] is not None and \
-        row["after_us"] > SLOWED * row["before_us"]
+        row["after_us"] > SLOWER * row["before_us"]
 
 
 def prune(before: Path, runs: list[Path], times: dict, folder: Path) -> tuple[set, list[dict], list[dict]]:
@@ -178,7 +176,7 @@ def behind_calls(after: Path, arch: str, times: dict) -> list[tuple[float, objec
             served = kernel_key(family, row["variant_key"] if row else None)
             if at.get(served) and at.get("peer"):
                 speed = statistics.median(at["peer"]) / statistics.median(at[served])
-                if speed < 1 / SLOWED:
+                if speed < 1 / SLOWER:
                     out.append((speed, shape))
     return sorted(out, key=lambda x: x[0])
 
@@ -189,10 +187,6 @@ def write_behind(path: Path, calls: list[tuple[float, object]], header: str) -> 
     from timing import write_whole
     lines = [f"# {header}", "shapes:"] + [f"  - {shapes_entry(shape)}  # {speed:.2f}x" for speed, shape in calls]
     write_whole(path, "\n".join(lines) + "\n")
-
-
-def geomean(values: list[float]) -> float:
-    return math.exp(math.fsum(map(math.log, values)) / len(values)) if values else math.nan
 
 
 def summary_lines(rows: list[dict]) -> list[str]:
@@ -208,10 +202,10 @@ def summary_lines(rows: list[dict]) -> list[str]:
         timed = [r for r in rs if r["before_us"] is not None and r["after_us"] is not None]
         speed = [r["before_us"] / r["after_us"] for r in timed]
         peer = [r for r in timed if r["peer_us"] is not None]
-        behind = [sum(r[k] > SLOWED * r["peer_us"] for r in peer) for k in ("before_us", "after_us")]
-        gm = f"{geomean(speed):.2f}x ({min(speed):.2f}-{max(speed):.2f}x)" if speed else "-"
+        behind = [sum(r[k] > SLOWER * r["peer_us"] for r in peer) for k in ("before_us", "after_us")]
+        gm = f"{statistics.geometric_mean(speed):.2f}x ({min(speed):.2f}-{max(speed):.2f}x)" if speed else "-"
         return (f"| {name} | {len(rs)} ({sum(r['move'].entry for r in rs)}) | {len(timed)} | {gm} | "
-                f"{sum(s > SLOWED for s in speed)} | {sum(s < 1 / SLOWED for s in speed)} | "
+                f"{sum(s > SLOWER for s in speed)} | {sum(s < 1 / SLOWER for s in speed)} | "
                 f"{behind[0]} -> {behind[1]} ({len(peer)}) |")
     return head + [line(f, groups[f]) for f in sorted(groups)] + [line("all", rows)]
 

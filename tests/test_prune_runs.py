@@ -8,6 +8,7 @@ import importlib.util
 import json
 import shutil
 import sqlite3
+import statistics
 import subprocess
 import sys
 from contextlib import closing
@@ -137,7 +138,7 @@ def test_a_winner_whose_timed_moves_are_faster_is_kept_and_summed(tmp_path, dbs)
         assert [w["shape_key"] for w in db.winners()] == [ENTRY]
     entries = sum(m.entry for m in moves)
     speeds = [2.0 if m.entry else 1.25 for m in timed]
-    gm = prune_script.geomean(speeds)
+    gm = statistics.geometric_mean(speeds)
     # 10 µs before, behind the peer's 9; after 8 or 5, ahead of it
     assert (f"| {FAMILY} | {len(moves)} ({entries}) | {len(timed)} | {gm:.2f}x (1.25-2.00x) | {len(timed)} | 0 | "
             f"{len(timed)} -> 0 ({len(timed)}) |") in res.stdout
