@@ -42,18 +42,6 @@ def weights_rank(batch: float, seqlen: float, dim: float) -> Callable:
     return rank
 
 
-def cl_tile_misfit_rank(shape, row: dict, arch: str) -> tuple:
-    """The dispatcher's rule, with a channel-last forward or backward kernel whose tile
-    (the positions a block covers) is more than twice the call's sequence a misfit too,
-    ranked behind every kernel that fits, as channel-first misfits are. Session 72's
-    forward sweep: channel-last fp16 (16, 5120, 128) ran 59.2 µs on a 512-position tile,
-    0.25x the peer; the tuner timed a 128-position tile there at 15.6."""
-    features, misfit, distance = current_rank(shape, row, arch)
-    if shape.layout == "cl" and shape.op in ("fwd", "bwd") and row["tile_l"] > 2 * shape.seqlen:
-        misfit = True
-    return features, misfit, distance
-
-
 # The rules cross_serve.py's --score and --loo and bench_rule.py compare. seqlen-apart: a kernel's fit to its
 # sequence (segments, tiles) does not carry over to a batch of the same work. weighted-1/2/0.5:
 # the best of 27 weight sets on session 66's matrix (7.1 % against product's 8.6 %); 7.0 %
@@ -62,11 +50,12 @@ def cl_tile_misfit_rank(shape, row: dict, arch: str) -> tuple:
 # weighted-0.5/4/0: the best sum of cross_serve.py --weights' 75 sets on sessions 66's and
 # 68's matrices (7.0 / 11.5 %; left one out, 7.3 % against 7.0 %), 48 calls for 75 sets: a
 # lead, which bench_rule.py then timed against weighted-1/2/0.5 (session 69, H200: 96 backward
-# calls, 23 faster, 22 slower, 1.02x): not adopted. cl-tile-misfit: session 72's candidate,
-# listed (bench_rule.py --list), not yet timed.
+# calls, 23 faster, 22 slower, 1.02x): not adopted. cl-tile-misfit (a channel-last tile over twice
+# the sequence a misfit): session 72's candidate, timed in session 73 (13 forward calls of length
+# 128, all faster, 2.82x), then the dispatcher's (tuner/serving.py tiling_misfits).
 RULES: dict[str, Callable] = {"current": current_rank, "product": product_rank,
                               "seqlen-apart": weights_rank(1, 2, 1), "weighted-1/2/0.5": weights_rank(1, 2, 0.5),
-                              "weighted-0.5/4/0": weights_rank(0.5, 4, 0), "cl-tile-misfit": cl_tile_misfit_rank}
+                              "weighted-0.5/4/0": weights_rank(0.5, 4, 0)}
 # cross_serve.py --weights' grid: every (batch, seqlen, dim) weight triple of these.
 WEIGHT_GRID = ((0.5, 1, 2), (0.5, 1, 2, 3, 4), (0, 0.25, 0.5, 1, 2))
 

@@ -33,8 +33,8 @@ def _run(*argv):
 
 @pytest.mark.parametrize("argv, message", [
     ([], "the following arguments are required: --rule"),
-    (["--rule", "nearest"], "--rule: expected one of product, seqlen-apart, weighted-1/2/0.5, weighted-0.5/4/0, cl-tile-misfit, got 'nearest'"),
-    (["--rule", "current"], "--rule: expected one of product, seqlen-apart, weighted-1/2/0.5, weighted-0.5/4/0, cl-tile-misfit, got 'current'"),
+    (["--rule", "nearest"], "--rule: expected one of product, seqlen-apart, weighted-1/2/0.5, weighted-0.5/4/0, got 'nearest'"),
+    (["--rule", "current"], "--rule: expected one of product, seqlen-apart, weighted-1/2/0.5, weighted-0.5/4/0, got 'current'"),
     (["--rule", RULE, "--db", "/nonexistent/x.db"], "--db: no such file '/nonexistent/x.db'"),
     (["--rule", RULE, "--max-calls", "0"], "--max-calls expects a positive integer, got 0"),
     (["--rule", RULE, "--ops", "upd"], "--ops: expected a comma-separated list of fwd, bwd, got 'upd'"),

@@ -100,7 +100,7 @@ def test_score_gives_each_rule_its_regret():
     rows = _shipped_rows()
     got = {s["rule"]: s for s in rules.score(_matrix(rows, "current"))}
     assert set(got) == set(rules.RULES) == {"current", "product", "seqlen-apart", "weighted-1/2/0.5",
-                                            "weighted-0.5/4/0", "cl-tile-misfit"}
+                                            "weighted-0.5/4/0"}
     cur = got["current"]
     assert (cur["calls"], cur["failed"], cur["within_5pct"]) == (len(CALLS), 0, 0)
     assert cur["mean"] == pytest.approx(0.2) and cur["worst"] == pytest.approx(0.2)
@@ -115,29 +115,22 @@ def test_score_gives_each_rule_its_regret():
     assert other["within_5pct"] == len(CALLS) - same
 
 
-def test_cl_tile_misfit_ranks_a_channel_last_tile_over_twice_the_sequence_behind_those_that_fit():
-    """The candidate rule differs from the current one only where a channel-last forward or
-    backward row's tile is more than twice the call's sequence: then it is a misfit, ranked
-    behind every row that fits, whatever the distance (the shipped DB's channel-last forward
-    grid, and channel-first rows, where the rules agree)."""
+def test_the_current_rule_ranks_a_channel_last_tile_over_twice_the_sequence_behind_those_that_fit():
+    """Since session 73 (the candidate cl-tile-misfit, timed and adopted), a channel-last
+    forward or backward row whose tile is more than twice the call's sequence is a misfit,
+    ranked behind every row that fits, whatever the distance; a tile up to twice the
+    sequence is not (the shipped DB's channel-last forward rows)."""
     with TuningDB(REPO / "tuning_db" / "sm_90.db", readonly=True) as db:
         rows = [r for r in db.winners("sm_90") if r["family_key"] == "fwd.cl.bf16wbf16.w4"]
-        cf_rows = [r for r in db.winners("sm_90") if r["family_key"] == FAMILY]
-    family, cf_family = family_from_key("fwd.cl.bf16wbf16.w4"), family_from_key(FAMILY)
+    family = family_from_key("fwd.cl.bf16wbf16.w4")
     long_tile = next(r for r in rows if r["tile_l"] == 512)
-    short_tile = next(r for r in rows if r["tile_l"] <= 128)
     call = rules.call_shape(family, 16, 2048, 128, ["bias", "silu"])
-    assert rules.cl_tile_misfit_rank(call, long_tile, "sm_90")[1] is True
-    assert rules.current_rank(call, long_tile, "sm_90")[1] is False
-    assert rules.cl_tile_misfit_rank(call, short_tile, "sm_90") == rules.current_rank(call, short_tile, "sm_90")
+    assert rules.current_rank(call, long_tile, "sm_90")[1] is True
+    assert all(rules.current_rank(call, r, "sm_90")[1] is False for r in rows if r["tile_l"] <= 256)
     longer = rules.call_shape(family, 16, 2048, 256, ["bias", "silu"])  # 512 is not more than twice 256
-    assert rules.cl_tile_misfit_rank(longer, long_tile, "sm_90") == rules.current_rank(longer, long_tile, "sm_90")
-    picked = rules.pick(rows, call, rules.RULES["cl-tile-misfit"], "sm_90")
-    assert picked["tile_l"] <= 2 * call.seqlen and picked is not rules.pick(rows, call, rules.current_rank, "sm_90")
-    for b, d, n in CALLS:
-        shape = rules.call_shape(cf_family, b, d, n, ["bias", "silu"])
-        assert rules.pick(cf_rows, shape, rules.RULES["cl-tile-misfit"], "sm_90") is \
-            rules.pick(cf_rows, shape, rules.current_rank, "sm_90")
+    assert rules.current_rank(longer, long_tile, "sm_90")[1] is False
+    picked = rules.pick(rows, call, rules.current_rank, "sm_90")
+    assert picked["tile_l"] <= 2 * call.seqlen
 
 
 def test_a_picked_variant_that_failed_is_counted_not_timed():

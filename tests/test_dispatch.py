@@ -156,6 +156,41 @@ def test_nearest_prefers_a_kernel_whose_segment_fits_the_sequence(rt, tmp_path):
     assert "segments (512 positions) are longer than this call's sequence" in e["detail"], e
 
 
+def test_nearest_channel_last_passes_over_tiles_over_twice_the_sequence(rt, tmp_path):
+    """A channel-last block covers tile_l positions: one more than twice the call's sequence
+    leaves most of each block idle, so such an entry ranks behind every one whose tile fits,
+    however near (session 73, H200: fp16 (8, 5120, 128) took 31.2 us on a 512-position tile,
+    11.7 on the nearest entry that fits)."""
+    cl = Family("fwd", "cl", "bf16", "bf16", 4)
+    cl_variants = [v for v in variants(cl) if v.geometry()["align_bytes"] == 8]
+    long_tile = next(v for v in cl_variants if v.geometry()["tile_l"] == 512)
+    short_tile = next(v for v in cl_variants if v.geometry()["tile_l"] == 64)
+
+    def cl_db(name, entries):
+        with TuningDB(tmp_path / name) as db:
+            for v, (b, d, l) in entries:
+                db.put_winner(v.source, arch=ARCH, family_key=cl.key(), shape_key=shape_key(b, d, l), op="fwd",
+                              batch=b, dim=d, seqlen=l, features="bias,silu", variant_key=v.key(), config=v.params,
+                              source_hash=v.hash(), **v.geometry(), time_us=10.0, environment={"device": "test"})
+        return str(tmp_path / name)
+
+    def explain_cl(b, d, l):
+        ptrs = (256, 1 << 32, 2 << 32, 0, 0, 3 << 32, 0)
+        strides = (d * l, 1, d, 4, 1, 1, d * l, 1, d, 0, 0, 0, 0, 0, 0, 0, 0)
+        return rt.explain_fwd(ptrs, (b, d, l, 4), strides, BF16, BF16, True, 0, ARCH)
+
+    rt.set_tuning_dbs([cl_db("both.db", [(long_tile, (16, 2048, 256)), (short_tile, (1, 2048, 2048))])])
+    for l, want in [(256, long_tile), (300, long_tile), (255, short_tile), (128, short_tile), (32, short_tile)]:
+        e = explain_cl(16, 2048, l)
+        assert e["key"] == want.key(), (l, e)
+        assert "more than twice this call's sequence" not in e["detail"], e
+    # none fits: the nearest serves, and the detail says why it is slow
+    rt.set_tuning_dbs([cl_db("long.db", [(long_tile, (16, 2048, 256))])])
+    e = explain_cl(16, 2048, 128)
+    assert (e["reason"], e["key"]) == ("nearest", long_tile.key())
+    assert ("its tiles (512 positions a block) are more than twice this call's sequence, so most of each block "
+            "idles, and no tuned entry's kernel fits the call: cc1d-tune this shape") in e["detail"], e
+
 def test_detail_flags_a_nearest_shape_more_than_twice_away(rt, tmp_path):
     path = make_db(tmp_path / "t.db", [(V16[0], 1, 512, 2048)])
     rt.set_tuning_dbs([path])

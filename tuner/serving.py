@@ -18,7 +18,7 @@ from .shapes import Shape
 def dispatch_rank(shape: Shape, row: dict, arch: str) -> tuple[int, bool, float]:
     """How the dispatcher ranks a winners-table row of the shape's family for the shape's
     calls (docs/DISPATCH.md), lowest first: differing features, then whether the row's
-    channel-first kernel fits the shape's sequence poorly (tiling_misfits), then the distance."""
+    kernel fits the shape's sequence poorly (tiling_misfits), then the distance."""
     theirs = set(filter(None, row["features"].split(",")))
     return len(set(shape.features()) ^ theirs), tiling_misfits(shape, row, arch), shape_distance(shape, row)
 
@@ -37,13 +37,16 @@ def _apart(a: float, b: float) -> float:
 
 
 def tiling_misfits(shape: Shape, row: dict, arch: str) -> bool:
-    """Whether the row's channel-first kernel fits the shape's sequence poorly
-    (runtime/src/dispatch.cpp tiling_misfit): its segment is longer than the sequence (no
-    row runs a whole segment on the fast path; but for a backward's walked segments in
-    their plain build, where the rows meet the vectors), or, backward, its tile of several
-    segments side by side is more than twice the sequence (most of each block's warps idle)."""
-    if shape.layout != "cf" or shape.op not in ("fwd", "bwd"):
+    """Whether the row's kernel fits the shape's sequence poorly (runtime/src/dispatch.cpp
+    tiling_misfit). Channel-first: its segment is longer than the sequence (no row runs a
+    whole segment on the fast path; but for a backward's walked segments in their plain
+    build, where the rows meet the vectors), or, backward, its tile of several segments side
+    by side is more than twice the sequence (most of each block's warps idle). Channel-last
+    (session 73): its tile is more than twice the sequence."""
+    if shape.op not in ("fwd", "bwd"):
         return False
+    if shape.layout == "cl":
+        return row["tile_l"] > 2 * shape.seqlen
     seg = cf_segment_positions(row, arch)
     if seg <= 0:
         return False  # a geometry no kernel has (the runtime's rule alike)

@@ -157,9 +157,19 @@ int64_t cf_segment_positions(const KernelVariant& v, const std::string& arch) {
   return int64_t(v.tile_l) * std::min(per_row, warp) / per_row;
 }
 
-// Why v's channel-first tiling fits the call poorly, for explain's detail; empty where it fits.
+// Why v's tiling fits the call poorly, for explain's detail; empty where it fits. Channel-last
+// forward and backward tiles are misfits too where one is more than twice the sequence.
 std::string tiling_misfit(const Call& p, const std::string& arch, const KernelVariant& v) {
-  if (p.layout != Layout::channel_first || (p.op != Op::fwd && p.op != Op::bwd)) return {};
+  if (p.op != Op::fwd && p.op != Op::bwd) return {};
+  if (p.layout == Layout::channel_last) {
+    // Session 73 (H200, benchmarks/bench_rule.py --rule cl-tile-misfit): the 13 forward grid
+    // calls of length 128 that 512-position tiles served ran 1.8-3.8x faster on the nearest
+    // entry whose tile fits (fp16 (8, 5120, 128): 31.2 us, then 11.7).
+    if (int64_t(v.tile_l) > 2 * p.seqlen)
+      return "its tiles (" + std::to_string(v.tile_l) + " positions a block) are more than twice this call's "
+             "sequence, so most of each block idles";
+    return {};
+  }
   const int64_t seg = cf_segment_positions(v, arch);
   if (seg <= 0) return {};
   // Walked backward segments in their plain build (the rows meet v's vectors) take a shorter
