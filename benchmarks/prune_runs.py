@@ -17,14 +17,19 @@ geometric mean speed after against before, how many are faster or slower by more
 3 %, and how many are behind the peer (where it was timed) before and after. With
 --behind-out, every timed call (moved or not) whose kernel after the merge ran more than
 3 % slower than the peer there is written as a shapes file, worst first: the next run's.
+With --guard-logs, the calls the runs' guard rounds timed (their tune.log lines) count too: a
+guard stopped by its deadline leaves the calls it found slowed untuned, served by the winner
+that slowed them, and no moves benchmark may have timed them again.
 
     python benchmarks/prune_runs.py --before BEFORE.db --runs r1/tune.db r2/tune.db \\
-        --timings r1/moves.json r2/moves.json sweep.json [--out-dir pruned/] [--behind-out behind.yaml]
+        --timings r1/moves.json r2/moves.json sweep.json [--guard-logs r1/tune.log r2/tune.log] \\
+        [--out-dir pruned/] [--behind-out behind.yaml]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -41,12 +46,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--runs", type=Path, nargs="+", required=True, help="the runs' tuning DBs (tune.db)")
     ap.add_argument("--timings", type=Path, nargs="+", required=True,
                     help="JSON rows of bench_moves.py or bench_vs_peer.py (--out) that timed the moved calls")
+    ap.add_argument("--guard-logs", type=Path, nargs="+", default=[],
+                    help="cc1d-tune logs (tune.log) whose guard rounds' timings count too")
     ap.add_argument("--out-dir", type=Path, default=None,
                     help="prune, and write each run's DB less the winners left out here (a new folder)")
     ap.add_argument("--behind-out", type=Path, default=None,
                     help="write the timed calls behind the peer after the merge as a shapes file (a new file)")
     args = ap.parse_args(argv)
-    for name, paths in (("--before", [args.before]), ("--runs", args.runs), ("--timings", args.timings)):
+    for name, paths in (("--before", [args.before]), ("--runs", args.runs), ("--timings", args.timings),
+                        ("--guard-logs", args.guard_logs)):
         for path in paths:
             if not path.is_file():
                 ap.error(f"{name}: no such file '{path}'")
@@ -97,6 +105,31 @@ def load_timings(paths: list[Path]) -> tuple[str, dict[tuple, dict[str, list[flo
         raise TimingsError("--timings: expected the files of one arch, got " +
                            ", ".join(f"{p} {a}" for p, a in archs.items()))
     return next(iter(archs.values())), times
+
+
+# A guard round's line for a call it timed (tuner/guard.py Check.describe): the family, the
+# call's shape key, the variant that served it and its time, then the new one's. A call no
+# winner served before ("(catalog)") or where a variant failed has no pair of times.
+GUARD_LINE = re.compile(r"^\s+(?P<family>\S+) b(?P<b>\d+)\.d(?P<d>\d+)\.l(?P<l>\d+)(?P<features>(?:\.\w+)*): "
+                        r"(?P<before>\S+) (?P<before_us>[\d.]+) µs -> (?P<after>\S+)(?: \(the \S+ entry's\))? "
+                        r"(?P<after_us>[\d.]+) µs")
+
+
+def load_guard_logs(paths: list[Path], times: dict[tuple, dict[str, list[float]]]) -> int:
+    """Add the times each log's guard rounds took to `times` (as load_timings keys them);
+    returns how many calls they timed."""
+    n = 0
+    for path in paths:
+        for line in path.read_text(errors="replace").splitlines():
+            m = GUARD_LINE.match(line)
+            if m is None:
+                continue
+            family = m["family"]
+            at = times[(family, m["features"][1:].replace(".", ","), (int(m["b"]), int(m["d"]), int(m["l"])))]
+            at[f"{family}.{m['before']}"].append(float(m["before_us"]))
+            at[f"{family}.{m['after']}"].append(float(m["after_us"]))
+            n += 1
+    return n
 
 
 def copy_db(src: Path, dest: Path) -> Path:
@@ -217,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     except TimingsError as exc:
         print(f"prune_runs.py: {exc}", file=sys.stderr)
         return 2
+    guarded = load_guard_logs(args.guard_logs, times)
     with tempfile.TemporaryDirectory(prefix="cc1d-prune-") as tmp:
         folder = Path(tmp)
         if args.out_dir is None:
@@ -231,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             write_behind(args.behind_out, behind, f"the timed calls behind the peer by more than 3 % after "
                          f"{len(args.runs)} runs{' (pruned)' if args.out_dir else ''} merged into {args.before} "
                          "(benchmarks/prune_runs.py), slowest first")
-    print(f"{len(args.runs)} runs merged into a copy of {args.before}; timings from {len(args.timings)} files")
+    print(f"{len(args.runs)} runs merged into a copy of {args.before}; timings from {len(args.timings)} files"
+          + (f", and {guarded} calls from {len(args.guard_logs)} guard logs" if args.guard_logs else ""))
     if args.out_dir is not None:
         n = len(left_out)
         print(f"left out: {n} winner{'' if n == 1 else 's'}, whose moves slowed a timed call by more than 3 %")

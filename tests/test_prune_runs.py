@@ -11,6 +11,7 @@ import sqlite3
 import statistics
 import subprocess
 import sys
+from collections import defaultdict
 from contextlib import closing
 from pathlib import Path
 
@@ -208,3 +209,47 @@ def test_a_call_no_winner_served_before_is_timed_under_the_familys_default(tmp_p
              before_us=16.0, after_us=15.0, peer_us=None)]}))
     _, times = prune_script.load_timings([path])
     assert times[(family, "bias,silu", (16, 5120, 128))] == {default: [16.0], "v": [15.0]}
+
+
+def _guard_log(path, checks):
+    """A tune.log whose guard round timed `checks` ((move, before µs, after µs)), as the tuner
+    prints them (tuner/guard.py Check.describe), among the other lines a run writes."""
+    from cc1d.tuner.guard import Check
+    lines = [f"guard round 1: the run's winners move {len(checks)} untuned calls in x.db; timing {len(checks)}"]
+    lines += ["  " + Check(m, before, after).describe() for m, before, after in checks]
+    lines += ["guard round 1: tuning 1 slowed calls as shapes of their own: (1, 2, 3)",
+              "family               shape                      winner config              time us  % copy"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_guard_log_lines_count_as_timings_of_both_kernels(tmp_path, dbs):
+    """A guard round's line gives the call's time under the variant that served it and under
+    the new one; a call no winner served before ("(catalog)") or a failing one gives none."""
+    from dataclasses import replace
+    before, _ = dbs
+    moves = [m for m in _moves(before) if not m.entry and m.before is not None]
+    a, b, c = moves[:3]
+    log = _guard_log(tmp_path / "tune.log", [(a, 10.0, 12.5), (replace(b, before=None), None, 9.0), (c, 10.0, None)])
+    times = defaultdict(lambda: defaultdict(list))
+    assert prune_script.load_guard_logs([log], times) == 1
+    assert dict(times) == {(a.family_key, a.features, a.call): {a.before: [10.0], a.after: [12.5]}}
+
+
+def test_a_winner_that_slowed_a_call_only_the_guard_timed_is_left_out_with_guard_logs(tmp_path, dbs):
+    before, run = dbs
+    moves = _moves(before)
+    victim = next(m for m in moves if not m.entry and m.before is not None)
+    timings = _timings(tmp_path / "t.json", [m for m in moves if m != victim], lambda m: 8.0)
+    log = _guard_log(tmp_path / "tune.log", [(victim, 10.0, 12.0)])
+    res = _run("--before", before, "--runs", run, "--timings", timings, "--out-dir", tmp_path / "without")
+    assert res.returncode == 0 and "left out: 0 winners," in res.stdout, res.stdout + res.stderr
+    res = _run("--before", before, "--runs", run, "--timings", timings, "--guard-logs", log,
+               "--out-dir", tmp_path / "with")
+    assert res.returncode == 0, res.stderr
+    assert "timings from 1 files, and 1 calls from 1 guard logs" in res.stdout
+    assert "left out: 1 winner," in res.stdout and f"{FAMILY} {ENTRY}: {victim.call} 10.0 -> 12.0 µs" in res.stdout
+    with TuningDB(tmp_path / "with" / f"1-{run.name}", readonly=True) as db:
+        assert db.winners() == []
+    res = _run("--before", before, "--runs", run, "--timings", timings, "--guard-logs", tmp_path / "none.log")
+    assert res.returncode == 2 and "--guard-logs: no such file" in res.stderr, res.stderr
