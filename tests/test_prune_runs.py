@@ -1,7 +1,8 @@
 """benchmarks/prune_runs.py: its options and timings files are checked; the calls a run's
 winner moves are looked up in the timings (either benchmark's rows); with --out-dir a winner
 whose moves slowed a timed call is left out of the run's DB written there, and one whose
-timed moves are all faster is kept. No GPU: the runs and timings are made here."""
+timed moves are all faster is kept; a tuner log's guard lines count as timings (--guard-logs).
+No GPU: the runs, timings and logs are made here."""
 from __future__ import annotations
 
 import importlib.util
