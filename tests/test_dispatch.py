@@ -191,6 +191,7 @@ def test_nearest_channel_last_passes_over_tiles_over_twice_the_sequence(rt, tmp_
     assert ("its tiles (512 positions a block) are more than twice this call's sequence, so most of each block "
             "idles, and no tuned entry's kernel fits the call: cc1d-tune this shape") in e["detail"], e
 
+
 def test_detail_flags_a_nearest_shape_more_than_twice_away(rt, tmp_path):
     path = make_db(tmp_path / "t.db", [(V16[0], 1, 512, 2048)])
     rt.set_tuning_dbs([path])
