@@ -330,3 +330,24 @@ def test_loo_options_are_checked(argv, message):
     res = subprocess.run([sys.executable, str(SCRIPT), *[shipped if a == "SHIPPED" else a for a in argv]],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and message in res.stderr, res.stderr
+
+
+def test_a_midway_call_goes_to_the_first_entry_in_the_runtimes_order():
+    """(8, 5120, 8192) is as far from (4, 5120, 8192), (16, 5120, 2048) and (16, 5120, 8192):
+    batch x seqlen a factor of 2 from each, one float. The runtime keeps a family's entries by
+    features, batch, dim and seqlen (tuning_db.cpp) and serves the first of those alike, so
+    the tuner must too, in whatever order the rows come (session 73: it took the first by
+    shape key, (16, 5120, 2048), while the runtime ran (4, 5120, 8192)'s kernel)."""
+    from cc1d.tuner.serving import entry_order, runtime_rank, serve_from
+    family = family_from_key("fwd.cf.bf16wbf16.w4")
+
+    def row(b, d, n, features="bias,silu"):
+        return dict(shape_key=f"b{b}.d{d}.l{n}." + features.replace(",", "."), batch=b, dim=d, seqlen=n,
+                    features=features, tile_l=2048, tile_d=1, threads=64, align_bytes=16)
+    rows = [row(16, 5120, 2048), row(16, 5120, 8192), row(4, 5120, 8192), row(2, 5120, 8192, "bias")]
+    call = rules.call_shape(family, 8, 5120, 8192, ["bias", "silu"])
+    assert len({runtime_rank(call, r, "sm_90") for r in rows[:3]}) == 1  # exactly alike
+    assert runtime_rank(call, rows[3], "sm_90") > runtime_rank(call, rows[0], "sm_90")  # a feature apart
+    for order in (rows, rows[::-1], sorted(rows, key=lambda r: r["shape_key"])):
+        assert serve_from(order, "sm_90", call)["shape_key"] == "b4.d5120.l8192.bias.silu"
+    assert sorted(rows, key=entry_order)[0]["shape_key"] == "b2.d5120.l8192.bias"  # fewer feature bits first

@@ -269,16 +269,20 @@ def _shape_of(family_key: str, batch: int, dim: int, seqlen: int, feats: set):
 
 def test_the_tuners_served_winner_is_the_dispatchers_pick(tmp_path):
     """`cc1d-tune --start-from` starts a shape from the winner the dispatcher serves its calls
-    (tuner/serving.py served_winner, the rule of docs/DISPATCH.md in Python). Calls near the
-    shipped shapes, some with a feature more or less, and forwards and backwards of shorter
-    and longer sequences (whole 16-byte vectors: the tuner's kernel choice misfits and cut
-    segments, Variant.twin_takes_cut), get the same kernel from the runtime (calls midway
-    between two shapes, decided by rounding, are left out)."""
+    (tuner/serving.py served_winner, the rule of docs/DISPATCH.md in Python), and the moves
+    benchmarks name the kernel a call runs by it. Calls near the shipped shapes, some with a
+    feature more or less, forwards and backwards of shorter and longer sequences (whole
+    16-byte vectors: the tuner's kernel choice misfits and cut segments,
+    Variant.twin_takes_cut), and every call of the moves grid (tuner/moves.py grid_calls),
+    midway calls included, get the same kernel from the runtime. A midway call ranks two
+    entries exactly alike; the first in the runtime's entry order serves it (session 73:
+    the tuner took the first by shape key, and named the wrong kernel at 56 grid calls)."""
+    from cc1d.tuner.moves import grid_calls, snapshot
     from cc1d.tuner.serving import dispatch_rank, served_winner
     shipped = REPO / "tuning_db" / "sm_90.db"
     with TuningDB(shipped, readonly=True) as db:
         winners = db.winners("sm_90")
-        probes, expected = [], []
+        shapes = []
         for w in winners:
             feats = {f for f in w["features"].split(",") if f}
             alt = feats ^ ({"wstate"} if w["op"] == "upd" else {"bias"})
@@ -287,16 +291,21 @@ def test_the_tuners_served_winner_is_the_dispatchers_pick(tmp_path):
             for b, d, n, f in [(w["batch"] * 3, w["dim"], w["seqlen"], feats),
                                (w["batch"], w["dim"] * 3 // 2, w["seqlen"], feats),
                                (w["batch"], w["dim"], w["seqlen"], alt), *lengths]:
-                shape = _shape_of(w["family_key"], b, d, n, f)
-                ranks = sorted(dispatch_rank(shape, r, "sm_90") for r in winners if r["family_key"] == w["family_key"])
-                if len(ranks) > 1 and ranks[0][:-1] == ranks[1][:-1] and abs(ranks[0][-1] - ranks[1][-1]) < 1e-9:
-                    continue  # a midpoint: the runtime's rounding decides
-                probes.append(call_for(w["family_key"], b, d, n, ",".join(sorted(f))))
-                row = served_winner(db, "sm_90", shape)
-                v = winner_variant(row)
-                twin = v.twin_takes_cut(n, "sm_90", seq_idx=shape.seq_idx, final_states=shape.final_states)
-                expected.append((w["family_key"], shape.key(), row["variant_key"] + (".realign" if twin else "")))
-    assert len(probes) > 2 * len(winners)
+                shapes.append((w["family_key"], _shape_of(w["family_key"], b, d, n, f)))
+        near = len(shapes)
+        for (_, family_key), rows in sorted(snapshot(db).items()):
+            shapes += [(family_key, shape) for _, _, shape in grid_calls(family_key, rows)]
+        probes, expected, midway = [], [], 0
+        for family_key, shape in shapes:
+            ranks = sorted(dispatch_rank(shape, r, "sm_90") for r in winners if r["family_key"] == family_key)
+            midway += len(ranks) > 1 and ranks[0] == ranks[1]
+            probes.append(call_for(family_key, shape.batch, shape.dim, shape.seqlen, ",".join(shape.features())))
+            row = served_winner(db, "sm_90", shape)
+            v = winner_variant(row)
+            twin = v.twin_takes_cut(shape.seqlen, "sm_90", seq_idx=shape.seq_idx, final_states=shape.final_states)
+            expected.append((family_key, shape.key(), row["variant_key"] + (".realign" if twin else "")))
+    assert near > 2 * len(winners) and len(shapes) > near + 1000
+    assert midway > 100  # the grid's midway calls are in
     assert any(key.endswith(".realign") for *_, key in expected)  # some cut a held backward segment
     res = explain_in_fresh_process(probes, "sm_90", tmp_path, package_dir=REPO)
     wrong = [f"{fam} {key}: tuner {want}, runtime {e['key']} ({e['reason']} {e['matched_shape']})"

@@ -12,7 +12,11 @@ from typing import Any, Callable
 from ..generator.space import bwd_cf_walked
 from ..generator.variant import cf_segment_positions
 from .db import TuningDB
-from .shapes import Shape
+from .shapes import FEATURES, Shape
+
+# runtime/src/dispatch.cpp's rank terms: each differing feature, and a tiling misfit.
+FEATURE_MISMATCH_RANK = 1000.0
+MISFIT_RANK = 500.0
 
 
 def dispatch_rank(shape: Shape, row: dict, arch: str) -> tuple[int, bool, float]:
@@ -21,6 +25,24 @@ def dispatch_rank(shape: Shape, row: dict, arch: str) -> tuple[int, bool, float]
     kernel fits the shape's sequence poorly (tiling_misfits), then the distance."""
     theirs = set(filter(None, row["features"].split(",")))
     return len(set(shape.features()) ^ theirs), tiling_misfits(shape, row, arch), shape_distance(shape, row)
+
+
+def runtime_rank(shape: Shape, row: dict, arch: str) -> float:
+    """dispatch_rank as the one double the runtime compares (dispatch.cpp: the distance, plus
+    1000 for each differing feature, plus 500 for a misfit, summed in that order), so that
+    near-ties round alike in both."""
+    differing, misfit, distance = dispatch_rank(shape, row, arch)
+    return distance + FEATURE_MISMATCH_RANK * differing + (MISFIT_RANK if misfit else 0.0)
+
+
+def entry_order(row: dict) -> tuple[int, int, int, int]:
+    """Where the runtime keeps a row among its family's entries (runtime/src/tuning_db.cpp
+    sorts them by features as bits, batch, dim, seqlen); of rows that rank alike, the first
+    serves. A call midway between tuned shapes ranks them exactly alike (batch 8 at seqlen
+    8192: batch x seqlen 4 x 8192 and 16 x 2048 are one product), so this order, not the
+    shape key's text, decides which kernel it runs."""
+    bits = sum(1 << i for i, (name, _) in enumerate(FEATURES) if name in row["features"].split(","))
+    return bits, row["batch"], row["dim"], row["seqlen"]
 
 
 def shape_distance(shape: Shape, row: dict) -> float:
@@ -62,17 +84,18 @@ def tiling_misfits(shape: Shape, row: dict, arch: str) -> bool:
 
 def served_winner(db: TuningDB, arch: str, shape: Shape) -> dict | None:
     """The winner of `db` that the dispatcher would serve the shape's calls from it: the
-    exact one, else the lowest dispatch_rank of the family (alignment aside: the tuner's
-    inputs are fresh, 256-byte aligned allocations)."""
+    exact one, else the lowest runtime_rank of the family, the first in entry_order of those
+    alike (alignment aside: the tuner's inputs are fresh, 256-byte aligned allocations)."""
     return serve_from([r for r in db.winners(arch) if r["family_key"] == shape.family().key()], arch, shape)
 
 
 def serve_from(rows: list[dict], arch: str, shape: Shape,
-               rank: Callable[[Shape, dict, str], Any] = dispatch_rank) -> dict | None:
+               rank: Callable[[Shape, dict, str], Any] = runtime_rank) -> dict | None:
     """served_winner among `rows`, the winners rows of the shape's family and arch (`rank`:
-    another ranking rule to try in its place, benchmarks/cross_serve.py)."""
+    another ranking rule to try in its place, benchmarks/cross_serve.py; ties go as the
+    runtime's, to the first in entry_order)."""
     key = shape.key()
     exact = next((r for r in rows if r["shape_key"] == key), None)
     if exact is not None:
         return exact
-    return min(rows, key=lambda r: rank(shape, r, arch)) if rows else None
+    return min(sorted(rows, key=entry_order), key=lambda r: rank(shape, r, arch)) if rows else None
