@@ -10,7 +10,11 @@ process (timing.graph_times_us): the dispatcher is pointed at a folder holding o
 one DB before each is captured. Forward and backward calls are timed, with any of their
 features (inputs as the tuner makes them, tuner/problems.py); decode-update and varlen
 calls are listed as not timed. The table is followed by the calls grouped by the entry
-whose winner serves them after, most slowed first: which entry to re-tune or drop.
+whose winner serves them after, most slowed first: which entry to re-tune or drop. Each
+row also keeps the kernels the runtime itself names for the call under each DB (cc1d.explain:
+before_kernel, after_kernel) and whether they are the ones the row names (labels_hold;
+prune_runs.py leaves the rows where not: session 73 found the tuner's model naming other
+kernels at exact ties).
 
     python benchmarks/bench_moves.py --before OLD.db [--after NEW.db] [--max-calls 40] [--out m.json]
     python benchmarks/bench_moves.py --before OLD.db [--after NEW.db] --list        # no GPU
@@ -168,10 +172,11 @@ def measure(args: argparse.Namespace) -> dict:
         setup = {name: (lambda d=d: rt.set_package_dir(str(d))) for name, d in dirs.items()}
 
         def row_of(m) -> dict:
-            times, nbytes = time_call(m.shape, peers[m.shape.op], ("after", "before"), setup)
+            times, nbytes = time_call(m.shape, peers[m.shape.op], ("after", "before"), setup, arch=arch)
             row = dict(family=m.family_key, features=m.features, call=list(m.call), copy_frac_after=None,
                        before_variant=m.before, after_variant=m.after, entry=m.entry,
                        after_shape=m.after_shape, **times)
+            row["labels_hold"] = labels_hold(row)
             if row.get("after_us"):
                 row["copy_frac_after"] = nbytes / (row["after_us"] * 1e-6) / 1e9 / copy_gbps
             row["after_vs_before"] = ratio(row.get("before_us"), row.get("after_us"))
@@ -222,18 +227,20 @@ def collect_rows(calls: list, row_of: Callable[[Any], dict], show: Callable[[dic
 
 
 def time_call(shape, peer, names: tuple[str, ...], setup: dict | None = None,
-              device: str = "cuda") -> tuple[dict, int]:
+              device: str = "cuda", arch: str | None = None) -> tuple[dict, int]:
     """The shape's call made on fresh inputs (tuner/problems.py) and timed as cc1d under each
     of `names` (`setup[name]` run before that one is captured) and as the peer where it has
     one, replays interleaved (timing.graph_times_us): `<name>_us` or `<name>_error` for each,
-    and the bytes the call moves. The inputs are freed before it returns. (bench_vs_peer.py
-    times its calls with it too.)"""
+    and the bytes the call moves. With `arch`, also `<name>_kernel`: the kernel the runtime
+    names for the call under each (runtime_kernels). The inputs are freed before it returns.
+    (bench_vs_peer.py times its calls with it too.)"""
     import torch
 
     from cc1d.tuner.problems import problem_for
     from timing import graph_times_us, n_buffers
     problem = problem_for(shape.op)
     sets = [problem.make_inputs(shape, seed=k, device=device) for k in range(n_buffers(problem.bytes_moved(shape)))]
+    kernels = {} if arch is None else runtime_kernels(shape, sets[0], names, setup, arch)
     ours, theirs = calls_of(shape, sets, peer)
     cands = {name: ours for name in names}
     if theirs is not None:
@@ -241,8 +248,48 @@ def time_call(shape, peer, names: tuple[str, ...], setup: dict | None = None,
     times = graph_times_us(cands, setup=setup)
     del sets, ours, theirs
     torch.cuda.empty_cache()
-    return ({f"{n}_us" if isinstance(t, float) else f"{n}_error": t for n, t in times.items()},
-            problem.bytes_moved(shape))
+    return ({**{f"{n}_us" if isinstance(t, float) else f"{n}_error": t for n, t in times.items()},
+             **{f"{n}_kernel": k for n, k in kernels.items()}}, problem.bytes_moved(shape))
+
+
+def runtime_kernels(shape, inputs: dict, names: tuple[str, ...], setup: dict | None, arch: str) -> dict:
+    """The kernel key cc1d.explain (explain_bwd) gives for the call on `inputs` under each of
+    `names` (`setup[name]` run first): what the runtime launches there, whatever the tuner's
+    model of it says (they named different kernels at exact ties until session 73). A name
+    whose call explain refuses gets none (its timing says why)."""
+    import cc1d
+    act = "silu" if shape.activation == "silu" else None
+    out = {}
+    for name in names:
+        if setup and name in setup:
+            setup[name]()
+        s = inputs
+        try:
+            if shape.op == "fwd":
+                e = cc1d.explain(s["x"], s["weight"], s["bias"], s["seq_idx"], s["initial_states"], act,
+                                 return_final_states=shape.final_states, arch=arch)
+            else:
+                e = cc1d.explain_bwd(s["x"], s["weight"], s["bias"], s["dout"], s["seq_idx"],
+                                     s["initial_states"], s["dfinal_states"],
+                                     return_dinitial_states=shape.initial_states, activation=act, arch=arch)
+        except (ValueError, TypeError, RuntimeError):
+            continue
+        out[name] = e["key"]
+    return out
+
+
+def labels_hold(row: dict) -> bool | None:
+    """Whether the kernels the runtime named for a row's call (runtime_kernels; a realigned
+    twin counts as its variant) are the variants the row names: before and after, or a
+    sweep's (bench_vs_peer.py) one (none: the family's default); None where it named none."""
+    named = {"cc1d": row["variant"]} if "variant" in row else \
+        {n: row.get(f"{n}_variant") for n in ("before", "after")}
+    if any(f"{n}_kernel" not in row for n in named):
+        return None
+    from cc1d.generator import default_variant
+    from cc1d.tuner.db import family_from_key
+    default = default_variant(family_from_key(row["family"])).key()
+    return all(row[f"{n}_kernel"].removesuffix(".realign") == (v or default) for n, v in named.items())
 
 
 def calls_of(shape, sets: list[dict], peer) -> tuple[list, list | None]:
@@ -370,6 +417,10 @@ def print_table(doc: dict) -> None:
     slower = slowed_rows(doc)
     print(f"{len(doc['rows'])} calls timed, {len(slower)} slowed after (more than 3 %, or failing); "
           f"{len(doc['not_timed'])} not timed")
+    astray = [r for r in doc["rows"] if r.get("labels_hold") is False]
+    if astray:
+        print(f"{len(astray)} rows name other kernels than the runtime ran (before_kernel, after_kernel): "
+              "the tuner's model of the dispatcher differs from it there; prune_runs.py leaves them out")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,8 @@ import tempfile
 from pathlib import Path
 
 from bench_moves import (add_output_options, check_output_options, collect_rows, grouped,  # siblings
-                         package_dir_with, ratio, slower_rows, time_call, untimed, us_text, write_shapes)
+                         labels_hold, package_dir_with, ratio, slower_rows, time_call, untimed, us_text,
+                         write_shapes)
 from bench_near import positive_ints
 
 REPO = Path(__file__).resolve().parents[1]
@@ -171,9 +172,10 @@ def measure(args: argparse.Namespace) -> dict:
                peer_version=version, rows=[], not_timed=not_timed)
 
     def row_of(c) -> dict:
-        times, nbytes = time_call(c.shape, peers[c.shape.op], ("cc1d",))
+        times, nbytes = time_call(c.shape, peers[c.shape.op], ("cc1d",), arch=arch)
         row = dict(family=c.family_key, features=c.features, call=list(c.call), variant=c.after,
                    served_by=c.after_shape, entry=c.entry, copy_frac=None, **times)
+        row["labels_hold"] = labels_hold(row)
         if row.get("cc1d_us"):
             row["copy_frac"] = nbytes / (row["cc1d_us"] * 1e-6) / 1e9 / doc["copy_gbps"]
         row["vs_peer"] = ratio(row.get("peer_us"), row.get("cc1d_us"))

@@ -9,7 +9,9 @@ tuned shapes) by shape key, the runtime by batch, dim and seqlen: at such calls 
 named one kernel and timed another (session 73, H200: forward bf16 (8, 5120, 8192) named
 `...hshfl.g64`, ran `...hshfl.g96`, 362 µs). A rule change since (the channel-last tile
 misfit) moves some calls too. prune_runs.py keys times by kernel name, so its timings
-should be the checked copies.
+should be the checked copies. Since session 73 bench_moves.py and bench_vs_peer.py record the
+runtime's own kernels in each row (labels_hold), which prune_runs.py heeds: this is for files
+older than that.
 
     python benchmarks/check_labels.py MOVES.json --before BEFORE.db --after AFTER.db --out CHECKED.json
 """

@@ -83,7 +83,8 @@ class TimingsError(ValueError):
 def load_timings(paths: list[Path]) -> tuple[str, dict[tuple, dict[str, list[float]]]]:
     """The files' arch, and (family key, features, call) -> variant key (or "peer") -> the
     times measured there, in µs: bench_moves.py's rows give the kernels before and after,
-    bench_vs_peer.py's the one it served; rows that failed or were not timed give none."""
+    bench_vs_peer.py's the one it served; rows that failed or were not timed give none, nor
+    do rows whose kernels the runtime named otherwise (labels_hold false)."""
     times: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     archs = {}
     for path in paths:
@@ -91,6 +92,8 @@ def load_timings(paths: list[Path]) -> tuple[str, dict[tuple, dict[str, list[flo
             doc = json.loads(path.read_text())
             archs[path] = doc["arch"]
             for r in doc["rows"]:
+                if r.get("labels_hold") is False:
+                    continue  # the runtime ran other kernels than the row names (bench_moves.py labels_hold)
                 at = times[(r["family"], r["features"], tuple(r["call"]))]
                 pairs = [("before_variant", "before_us"), ("after_variant", "after_us"), ("variant", "cc1d_us")]
                 for variant, us in pairs:  # a row has the first two (bench_moves.py) or the third

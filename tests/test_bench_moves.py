@@ -415,3 +415,55 @@ def test_past_the_deadline_no_call_starts_and_the_rest_are_listed_not_timed(tmp_
     doc = dict(rows=[], not_timed=[])
     moves_script.collect_rows(calls, row_of, str, doc, None, "calls")  # no deadline: every call
     assert len(doc["rows"]) == 4 and doc["not_timed"] == []
+
+
+@pytest.mark.parametrize("family_key", ["fwd.cf.bf16wbf16.w4", "bwd.cl.bf16wf32.w4"])
+def test_with_arch_the_runtimes_own_kernel_is_named_under_each_db(monkeypatch, tmp_path, family_key):
+    """time_call(arch=...) asks cc1d.explain (explain_bwd) which kernel the runtime launches
+    for the call under each name, its setup run first: a package dir holding one DB, then
+    another (CPU tensors: explain needs no GPU with an arch; the timing is replaced)."""
+    pytest.importorskip("torch")
+    import timing
+
+    from cc1d._runtime import runtime
+    from cc1d.generator import default_variant, variants
+    family = family_from_key(family_key)
+    monkeypatch.setattr(timing, "graph_times_us", lambda cands, setup=None: {n: 1.0 for n in cands})
+    shape = Shape.of(family, 2, 64, 200, ["bias", "silu"])
+    other = next(v for v in variants(family) if v.key() != default_variant(family).key()
+                 and v.geometry()["align_bytes"] <= 16)
+    db = tmp_path / "one.db"
+    with TuningDB(db) as t:
+        t.put_winner(other.source, arch="sm_90", family_key=family.key(), shape_key=shape.key(), op=family.op,
+                     batch=2, dim=64, seqlen=200, features="bias,silu", variant_key=other.key(), config=other.params,
+                     **other.geometry(), time_us=1.0, environment={"device": "test"})
+    empty = tmp_path / "empty.db"
+    TuningDB(empty).close()
+    dirs = {"after": moves_script.package_dir_with(db, "sm_90", tmp_path, "after"),
+            "before": moves_script.package_dir_with(empty, "sm_90", tmp_path, "before")}
+    rt = runtime()
+    setup = {name: (lambda d=d: rt.set_package_dir(str(d))) for name, d in dirs.items()}
+    try:
+        times, _ = moves_script.time_call(shape, None, ("after", "before"), setup, device="cpu", arch="sm_90")
+    finally:
+        import cc1d
+        rt.set_package_dir(str(Path(cc1d.__file__).resolve().parent))
+    assert times["after_kernel"].removesuffix(".realign") == other.key()
+    assert times["before_kernel"].removesuffix(".realign") == default_variant(family).key()
+    row = dict(family=family.key(), before_variant=None, after_variant=other.key(), **times)
+    assert moves_script.labels_hold(row) is True
+    assert moves_script.labels_hold(dict(row, after_variant=default_variant(family).key())) is False
+
+
+def test_labels_hold_compares_the_runtimes_kernels_with_the_names():
+    fam = "fwd.cf.bf16wbf16.w4"
+    from cc1d.generator import default_variant
+    default = default_variant(family_from_key(fam)).key()
+    a, b = f"{fam}.A", f"{fam}.B"
+    assert moves_script.labels_hold(dict(family=fam, before_variant=a, after_variant=b)) is None  # none named
+    row = dict(family=fam, before_variant=a, after_variant=b, before_kernel=a, after_kernel=b + ".realign")
+    assert moves_script.labels_hold(row) is True  # a realigned twin is its variant's
+    assert moves_script.labels_hold(dict(row, before_kernel=b)) is False
+    assert moves_script.labels_hold(dict(row, before_variant=None, before_kernel=default)) is True
+    sweep = dict(family=fam, variant=a, cc1d_kernel=a)
+    assert moves_script.labels_hold(sweep) is True and moves_script.labels_hold(dict(sweep, cc1d_kernel=b)) is False

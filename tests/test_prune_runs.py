@@ -254,3 +254,19 @@ def test_a_winner_that_slowed_a_call_only_the_guard_timed_is_left_out_with_guard
         assert db.winners() == []
     res = _run("--before", before, "--runs", run, "--timings", timings, "--guard-logs", tmp_path / "none.log")
     assert res.returncode == 2 and "--guard-logs: no such file" in res.stderr, res.stderr
+
+
+def test_rows_whose_kernels_the_runtime_named_otherwise_give_no_times(tmp_path, dbs):
+    """bench_moves.py marks a row labels_hold false where the runtime launched other kernels
+    than the row names: its times belong to those, so they count for none."""
+    before, _ = dbs
+    moves = [m for m in _moves(before) if m.before is not None][:2]
+    path = _timings(tmp_path / "t.json", moves, lambda m: 8.0)
+    doc = json.loads(path.read_text())
+    doc["rows"][0]["labels_hold"] = False
+    doc["rows"][1]["labels_hold"] = True
+    path.write_text(json.dumps(doc))
+    _, times = prune_script.load_timings([path])
+    assert (moves[0].family_key, moves[0].features, moves[0].call) not in times
+    assert times[(moves[1].family_key, moves[1].features, moves[1].call)] == {moves[1].before: [10.0],
+                                                                              moves[1].after: [8.0]}
