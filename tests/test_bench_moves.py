@@ -195,6 +195,7 @@ def test_a_moved_call_is_timed_through_each_db(tmp_path):
     for row in doc["rows"]:
         assert row["before_us"] > 0 and row["after_us"] > 0, row
         assert row["after_vs_before"] == pytest.approx(row["before_us"] / row["after_us"])
+        assert row["labels_hold"] is True, row  # the runtime ran the kernels the row names
 
 
 @pytest.mark.gpu

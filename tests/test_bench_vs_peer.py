@@ -198,6 +198,7 @@ def test_calls_are_timed_against_the_peer_and_those_behind_written_to_tune(tmp_p
         assert row["cc1d_us"] > 0 and row["peer_us"] > 0, row
         assert row["vs_peer"] == pytest.approx(row["peer_us"] / row["cc1d_us"])
         assert 0 < row["copy_frac"] < 1.5
+        assert row["labels_hold"] is True, row  # the runtime ran the kernel the row names
     behind = sweep.behind_rows(doc)
     assert shapes.exists() == bool(behind)
     if behind:
