@@ -51,8 +51,8 @@ def weights_rank(batch: float, seqlen: float, dim: float) -> Callable:
 # 68's matrices (7.0 / 11.5 %; left one out, 7.3 % against 7.0 %), 48 calls for 75 sets: a
 # lead, which bench_rule.py then timed against weighted-1/2/0.5 (session 69, H200: 96 backward
 # calls, 23 faster, 22 slower, 1.02x): not adopted. cl-tile-misfit (a channel-last tile over twice
-# the sequence a misfit): session 72's candidate, timed in session 73 (13 forward calls of length
-# 128, all faster, 2.82x), then the dispatcher's (tuner/serving.py tiling_misfits).
+# the sequence a misfit): session 72's candidate, timed in session 73 (11 forward calls of length
+# 128 moved, all faster, 2.86x), then the dispatcher's (tuner/serving.py tiling_misfits).
 RULES: dict[str, Callable] = {"current": current_rank, "product": product_rank,
                               "seqlen-apart": weights_rank(1, 2, 1), "weighted-1/2/0.5": weights_rank(1, 2, 0.5),
                               "weighted-0.5/4/0": weights_rank(0.5, 4, 0)}

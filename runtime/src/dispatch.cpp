@@ -162,7 +162,7 @@ int64_t cf_segment_positions(const KernelVariant& v, const std::string& arch) {
 std::string tiling_misfit(const Call& p, const std::string& arch, const KernelVariant& v) {
   if (p.op != Op::fwd && p.op != Op::bwd) return {};
   if (p.layout == Layout::channel_last) {
-    // Session 73 (H200, benchmarks/bench_rule.py --rule cl-tile-misfit): the 13 forward grid
+    // Session 73 (H200, benchmarks/bench_rule.py --rule cl-tile-misfit): the 11 forward grid
     // calls of length 128 that 512-position tiles served ran 1.8-3.8x faster on the nearest
     // entry whose tile fits (fp16 (8, 5120, 128): 31.2 us, then 11.7).
     if (int64_t(v.tile_l) > 2 * p.seqlen)
