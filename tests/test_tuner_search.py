@@ -659,7 +659,8 @@ if len(sys.argv) > 3:  # a start line: wait (at most a minute) until every worke
     deadline = time.monotonic() + 60
     while len(os.listdir(barrier)) < workers and time.monotonic() < deadline:
         time.sleep(0.01)
-kw = {}
+import os
+kw = {"run_id": f"worker-{os.getpid()}"}  # one id for both shapes: which worker ran a trial
 if storage:
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
@@ -717,11 +718,15 @@ def test_two_processes_share_one_study_through_a_journal(tmp_path):
         assert p.returncode == 0, err.decode()
     with TuningDB(path) as d:
         assert d.winners() == []  # workers only run trials
+        run_ids = set()
         for s in (CF, CL):
             rows = [r for r in d.trials(ARCH, s.family().key(), s.key()) if r["status"] != "invalid"]
             # the cap is shared; candidates already compiling ahead when it is reached still finish
             assert 12 <= len({r["variant_key"] for r in rows}) <= 12 + 2 * 3
-            assert len({r["run_id"] for r in rows}) == 2  # both workers took part
+            run_ids |= {r["run_id"] for r in rows}
+        # both workers took part, in one shape at least: on a loaded 2-core machine one can
+        # reach a shape's cap before the other's first trial there (session 73's CI)
+        assert len(run_ids) == 2
     # the parent finalizes from the shared study
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
