@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.util
 import os
 import sys
 import tempfile
@@ -14,6 +15,19 @@ REPO = Path(__file__).resolve().parents[1]
 # Test helpers (covering.py, fwd_cases.py, ...) import by plain name; with
 # --import-mode=importlib pytest does not put this folder on sys.path itself.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+BENCHMARKS = REPO / "benchmarks"
+
+
+def benchmark_script(name: str):
+    """benchmarks/<name>.py loaded as a module (cc1d_<name>), with benchmarks/ on sys.path
+    first, so that its sibling imports (timing, peers, bench_moves, ...) resolve as when it
+    is run as a script."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(f"cc1d_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def pytest_addoption(parser):

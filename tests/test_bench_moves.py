@@ -3,7 +3,6 @@ every call of tuner/moves.py's grid that a DB change moves, and which of them it
 a GPU (`gpu`), a moved call is timed through each DB, the dispatcher pointed at each in turn."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -18,14 +17,12 @@ import pytest
 from cc1d.tuner.db import TuningDB, family_from_key
 from cc1d.tuner.moves import Move, moved_calls, snapshot
 from cc1d.tuner.shapes import Shape
+from conftest import benchmark_script
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "bench_moves.py"
 SHIPPED = REPO / "tuning_db" / "sm_90.db"
-sys.path.insert(0, str(SCRIPT.parent))  # its siblings timing and peers, as when run as a script
-spec = importlib.util.spec_from_file_location("cc1d_bench_moves", SCRIPT)
-moves_script = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(moves_script)
+moves_script = benchmark_script("bench_moves")
 
 DROPPED = "b8.d5120.l4096.bias.silu"  # a bwd.cf.bf16wbf16.w4 entry serving many neighbours (13 grid calls)
 

@@ -2,17 +2,16 @@
 what it expects and what it got; good options parse to lists."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import benchmark_script
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_near.py"
-spec = importlib.util.spec_from_file_location("cc1d_bench_near", SCRIPT)
-near = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(near)
+near = benchmark_script("bench_near")
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -4,7 +4,6 @@ every family in turn; the calls are timed under both rules' winners (the tuner's
 evaluator here) and summed up per family."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -16,14 +15,12 @@ import pytest
 from cc1d.tuner.db import TuningDB
 from cc1d.tuner.moves import rule_moves, snapshot
 from cc1d.tuner.serving import dispatch_rank, serve_from
+from conftest import benchmark_script
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "bench_rule.py"
 SHIPPED = REPO / "tuning_db" / "sm_90.db"
-sys.path.insert(0, str(SCRIPT.parent))  # its siblings serving_rules and timing
-spec = importlib.util.spec_from_file_location("cc1d_bench_rule", SCRIPT)
-rule_script = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(rule_script)
+rule_script = benchmark_script("bench_rule")
 RULE = "weighted-1/2/0.5"
 
 

@@ -5,17 +5,14 @@ one after the other does not), and a candidate that fails to capture gets its er
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
+from conftest import benchmark_script
+
 pytest.importorskip("torch")
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-spec = importlib.util.spec_from_file_location("cc1d_bench_timing", BENCH / "timing.py")
-timing = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(timing)
+timing = benchmark_script("timing")
 
 
 class FakeDevice:

@@ -4,7 +4,6 @@ spread over each family and reach every family; the calls behind the peer are co
 written as a shapes file; on a GPU with the peer (`gpu`), calls are timed against it."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,14 +15,12 @@ import pytest
 from cc1d.tuner.db import TuningDB
 from cc1d.tuner.moves import Move, snapshot
 from cc1d.tuner.serving import serve_from
+from conftest import benchmark_script
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "bench_vs_peer.py"
 SHIPPED = REPO / "tuning_db" / "sm_90.db"
-sys.path.insert(0, str(SCRIPT.parent))  # its siblings, as when run as a script
-spec = importlib.util.spec_from_file_location("cc1d_bench_vs_peer", SCRIPT)
-sweep = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sweep)
+sweep = benchmark_script("bench_vs_peer")
 
 
 def _run(*argv, env=None, cwd=None):

@@ -92,3 +92,12 @@ def test_a_module_with_few_selected_tests_skips_the_precompile(tmp_path):
                          timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     assert sorted(Path(out).read_text().splitlines()) == ["test_a.py 11 False", f"test_b.py {n} True"]
+
+
+def test_benchmark_script_loads_a_script_whose_siblings_import_by_plain_name():
+    """prune_runs.py imports bench_moves and cc1d.tuner.guard: loaded through the helper,
+    its sibling resolves as when it is run as a script."""
+    from conftest import BENCHMARKS, benchmark_script
+    prune = benchmark_script("prune_runs")
+    assert prune.__name__ == "cc1d_prune_runs" and Path(prune.__file__) == BENCHMARKS / "prune_runs.py"
+    assert str(BENCHMARKS) in sys.path and prune.moves_between is sys.modules["bench_moves"].moves_between

@@ -4,7 +4,6 @@ test_shipped_db.py holds to the runtime's); `score` computes each rule's regret 
 matrix, and counts the calls where the picked variant failed to run."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,14 +13,12 @@ import pytest
 
 from cc1d.tuner.db import TuningDB, family_from_key
 from cc1d.tuner.serving import served_winner
+from conftest import benchmark_script
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "cross_serve.py"
-sys.path.insert(0, str(SCRIPT.parent))  # its sibling bench_near, as when run as a script
-spec = importlib.util.spec_from_file_location("cc1d_cross_serve", SCRIPT)
-cross = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(cross)
-import serving_rules as rules  # noqa: E402  (its sibling, found through the path above)
+cross = benchmark_script("cross_serve")
+import serving_rules as rules  # noqa: E402  (its sibling: benchmark_script put benchmarks/ on sys.path)
 
 FAMILY = "bwd.cf.bf16wbf16.w4"
 

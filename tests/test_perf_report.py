@@ -2,16 +2,15 @@
 benchmark JSON is its own run with its own copy measurement."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from conftest import benchmark_script
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "perf_report.py"
-spec = importlib.util.spec_from_file_location("cc1d_perf_report", SCRIPT)
-report = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(report)
+report = benchmark_script("perf_report")
 
 
 def _write(path: Path, data: dict) -> str:

@@ -5,7 +5,6 @@ timed moves are all faster is kept; a tuner log's guard lines count as timings (
 No GPU: the runs, timings and logs are made here."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import sqlite3
@@ -19,14 +18,12 @@ from pathlib import Path
 import pytest
 
 from cc1d.tuner.db import TuningDB
+from conftest import benchmark_script
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "prune_runs.py"
 SHIPPED = REPO / "tuning_db" / "sm_90.db"
-sys.path.insert(0, str(SCRIPT.parent))  # its sibling bench_moves, as when run as a script
-spec = importlib.util.spec_from_file_location("cc1d_prune_runs", SCRIPT)
-prune_script = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(prune_script)
+prune_script = benchmark_script("prune_runs")
 
 FAMILY = "bwd.cf.bf16wbf16.w4"
 ENTRY = "b8.d5120.l4096.bias.silu"  # a winner serving many grid calls around it

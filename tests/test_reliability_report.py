@@ -1,13 +1,11 @@
 """benchmarks/reliability_report.py counts each test case once over several JUnit files."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "reliability_report.py"
-spec = importlib.util.spec_from_file_location("cc1d_reliability_report", SCRIPT)
-report = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(report)
+from conftest import benchmark_script
+
+report = benchmark_script("reliability_report")
 
 
 def _junit(path: Path, cases: dict[str, str]) -> Path:

@@ -2,17 +2,13 @@
 sample, or everything) and the parsing of compute-sanitizer output (canned logs)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 from cc1d.generator import fallback_chain, families, variants
+from conftest import benchmark_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "sanitize.py"
-spec = importlib.util.spec_from_file_location("cc1d_sanitize", SCRIPT)
-sanitize = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sanitize)
+sanitize = benchmark_script("sanitize")
 
 
 def test_default_plan_covers_every_fallback_chain_and_a_sample():
