@@ -58,9 +58,11 @@ class SearchConfig:
 
 
 # A start config whose tiles a row of the shape's sequence fills less than this gets
-# --fit-starts neighbours. Session 72: a channel-first bf16 forward of a 2048-position tile
-# ran (8, 5120, 3000), 73 % filled, in the time of (8, 5120, 4096) (not profiled: the
-# blocks of the cut tile, with half the work, seem to cost what the others do).
+# --fit-starts neighbours. Session 73's first device run: of 17 shapes whose start filled
+# the sequence below it, 7 won with a tile that fills it to 98-100 % (forward at length
+# 512-1000, two backward at 3000); at forward length 3000 the 2048-position tile kept
+# winning. (Session 72's reason, (8, 5120, 3000) timed as slow as (8, 5120, 4096), was
+# another kernel's time, named wrongly at a tie: docs/DISPATCH.md.)
 FIT_FILL = 0.9
 
 
