@@ -278,6 +278,16 @@ def runtime_kernels(shape, inputs: dict, names: tuple[str, ...], setup: dict | N
     return out
 
 
+def kernel_key(family_key: str, variant: str | None) -> str:
+    """The kernel a call runs: the variant, or where the family has no winner (None), the
+    catalog's default that the dispatcher then serves."""
+    if variant is not None:
+        return variant
+    from cc1d.generator import default_variant
+    from cc1d.tuner.db import family_from_key
+    return default_variant(family_from_key(family_key)).key()
+
+
 def labels_hold(row: dict) -> bool | None:
     """Whether the kernels the runtime named for a row's call (runtime_kernels; a realigned
     twin counts as its variant) are the variants the row names: before and after, or a
@@ -286,10 +296,7 @@ def labels_hold(row: dict) -> bool | None:
         {n: row.get(f"{n}_variant") for n in ("before", "after")}
     if any(f"{n}_kernel" not in row for n in named):
         return None
-    from cc1d.generator import default_variant
-    from cc1d.tuner.db import family_from_key
-    default = default_variant(family_from_key(row["family"])).key()
-    return all(row[f"{n}_kernel"].removesuffix(".realign") == (v or default) for n, v in named.items())
+    return all(row[f"{n}_kernel"].removesuffix(".realign") == kernel_key(row["family"], v) for n, v in named.items())
 
 
 def calls_of(shape, sets: list[dict], peer) -> tuple[list, list | None]:

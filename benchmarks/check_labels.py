@@ -22,7 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench_moves import new_file_error  # a sibling script: run as benchmarks/check_labels.py
+from bench_moves import kernel_key, new_file_error  # a sibling script: run as benchmarks/check_labels.py
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,14 +53,12 @@ def served_key(db, arch: str, row: dict) -> str | None:
 def check(doc: dict, before: Path, after: Path) -> tuple[list[dict], list[dict]]:
     """The rows whose before and after variants (a sweep's row: its variant, after) are what
     the DBs serve, and the others."""
-    from cc1d.generator import default_variant
-    from cc1d.tuner.db import TuningDB, family_from_key
+    from cc1d.tuner.db import TuningDB
     kept, wrong = [], []
     with TuningDB(before, readonly=True) as b, TuningDB(after, readonly=True) as a:
         for row in doc["rows"]:
             if "variant" in row:  # bench_vs_peer.py names the catalog's default where no winner serves
-                served = served_key(a, doc["arch"], row) or default_variant(family_from_key(row["family"])).key()
-                holds = served == row["variant"]
+                holds = kernel_key(row["family"], served_key(a, doc["arch"], row)) == row["variant"]
             else:
                 holds = (served_key(b, doc["arch"], row), served_key(a, doc["arch"], row)) == \
                     (row["before_variant"], row["after_variant"])

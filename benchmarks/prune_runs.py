@@ -36,7 +36,7 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from bench_moves import moves_between, new_file_error  # a sibling script: run as benchmarks/prune_runs.py
+from bench_moves import kernel_key, moves_between, new_file_error  # a sibling script: run as benchmarks/prune_runs.py
 from cc1d.tuner.guard import SLOWER  # above this ratio, slowed: the guard's and bench_moves.py's 3 %
 
 
@@ -64,16 +64,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--behind-out: expected a new file, got '{args.behind_out}', which "
                  f"{new_file_error(args.behind_out)}")
     return args
-
-
-def kernel_key(family_key: str, variant: str | None) -> str:
-    """The kernel a call runs: the variant, or where the family has no winner (None), the
-    catalog's default that the dispatcher then serves."""
-    if variant is not None:
-        return variant
-    from cc1d.generator import default_variant
-    from cc1d.tuner.db import family_from_key
-    return default_variant(family_from_key(family_key)).key()
 
 
 class TimingsError(ValueError):
