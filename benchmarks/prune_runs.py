@@ -172,17 +172,18 @@ def slowed(row: dict) -> bool:
         row["after_us"] > SLOWER * row["before_us"]
 
 
-def prune(before: Path, runs: list[Path], times: dict, folder: Path) -> tuple[set, list[dict], list[dict]]:
+def prune(before: Path, runs: list[Path], times: dict, folder: Path) -> tuple[set, list[dict], list[dict], Path]:
     """Leave out every winner that serves a timed call slowed by more than 3 %, until the
     merge less them slows none. Returns what was left out, the calls that made it so (as
-    first found), and the pruned merge's moved calls."""
+    first found), the pruned merge's moved calls and the pruned merge."""
     left_out: set[tuple[str, str, str]] = set()
     why: list[dict] = []
     while True:
-        rows = assess(before, merged(before, runs, left_out, folder), times)
+        after = merged(before, runs, left_out, folder)
+        rows = assess(before, after, times)
         bad = [r for r in rows if slowed(r)]
         if not bad:
-            return left_out, why, rows
+            return left_out, why, rows, after
         why += bad
         left_out |= {(r["move"].arch, r["move"].family_key, r["move"].after_shape) for r in bad}
 
@@ -247,14 +248,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="cc1d-prune-") as tmp:
         folder = Path(tmp)
         if args.out_dir is None:
-            left_out, why, rows = set(), [], assess(args.before, merged(args.before, args.runs, set(), folder), times)
+            left_out, why = set(), []
+            after = merged(args.before, args.runs, left_out, folder)
+            rows = assess(args.before, after, times)
         else:
-            left_out, why, rows = prune(args.before, args.runs, times, folder)
+            left_out, why, rows, after = prune(args.before, args.runs, times, folder)
             args.out_dir.mkdir(parents=True)
             for i, run in enumerate(args.runs):
                 pruned_copy(run, left_out, args.out_dir / f"{i + 1}-{run.name}")
         if args.behind_out is not None:
-            behind = behind_calls(merged(args.before, args.runs, left_out, folder), arch, times)
+            behind = behind_calls(after, arch, times)
             write_behind(args.behind_out, behind, f"the timed calls behind the peer by more than 3 % after "
                          f"{len(args.runs)} runs{' (pruned)' if args.out_dir else ''} merged into {args.before} "
                          "(benchmarks/prune_runs.py), slowest first")
