@@ -30,6 +30,23 @@ def run(argv, capsys, probe=lambda: None):
     return code, out.out, out.err
 
 
+def _fake_gpu(monkeypatch, evaluator) -> None:
+    """A tuning run without a GPU: each shape's evaluator from `evaluator(rt, shape, arch)`,
+    a fixed copy bandwidth, no runtime."""
+    from cc1d.tuner import cli, evaluate, measure
+    monkeypatch.setattr(evaluate, "GpuEvaluator", evaluator)
+    monkeypatch.setattr(measure, "copy_bandwidth", lambda: 3e12)
+    monkeypatch.setattr(cli, "_runtime", lambda: None)
+
+
+def _recorded_evaluators(monkeypatch) -> list:
+    """_fake_gpu with a FakeEvaluator per shape, each kept (in order) in the list returned."""
+    from cc1d.tuner.testing import FakeEvaluator
+    made = []
+    _fake_gpu(monkeypatch, lambda rt, shape, arch: made.append(FakeEvaluator()) or made[-1])
+    return made
+
+
 def test_arch_mismatch_says_what_is_present_and_what_to_do(shapes, capsys):
     code, _, err = run(["--arch", "gfx942", "--shapes", shapes], capsys, probe=lambda: H100)
     assert code == 2
@@ -59,8 +76,6 @@ def test_width_and_dtype_starts_are_checked_and_try_a_kin_familys_winner(shapes,
     trials of a bf16 width-3 shape (--width-starts) and of an fp16 width-4 shape
     (--dtype-starts) include the config a bf16 width-4 shape won in the start DB."""
     from cc1d.generator import Family, Variant, arch_info, variants
-    from cc1d.tuner import cli, evaluate, measure
-    from cc1d.tuner.testing import FakeEvaluator
     for flag in ("--width-starts", "--dtype-starts"):
         code, _, err = run(["--arch", "sm_90", "--shapes", shapes, flag, "2"], capsys, probe=lambda: H100)
         assert code == 2 and f"{flag}: needs --start-from" in err
@@ -73,10 +88,7 @@ def test_width_and_dtype_starts_are_checked_and_try_a_kin_familys_winner(shapes,
         code, _, err = run(["--arch", "sm_90", "--shapes", shapes, "--start-from", old, flag, "-1"], capsys,
                            probe=lambda: H100)
         assert code == 2 and f"{flag}: expected 0 or a positive number, got -1" in err
-    made = []
-    monkeypatch.setattr(evaluate, "GpuEvaluator", lambda rt, shape, arch: made.append(FakeEvaluator()) or made[-1])
-    monkeypatch.setattr(measure, "copy_bandwidth", lambda: 3e12)
-    monkeypatch.setattr(cli, "_runtime", lambda: None)
+    made = _recorded_evaluators(monkeypatch)
     for run_no, (dtypes, width, flag, tried) in enumerate([("bf16", 3, [], False),
                                                            ("bf16", 3, ["--width-starts", "1"], True),
                                                            ("f16", 4, [], False),
@@ -96,17 +108,12 @@ def test_fit_starts_is_checked_and_reaches_the_search(tmp_path, capsys, monkeypa
     a 3000 row fills poorly (2048 positions, 73 %) is the default with half its vectors
     (1024, 98 %), which a run without it does not try second."""
     from cc1d.generator import default_variant
-    from cc1d.tuner import cli, evaluate, measure
     from cc1d.tuner.shapes import load_shapes
-    from cc1d.tuner.testing import FakeEvaluator
     path = tmp_path / "s.yaml"
     path.write_text("shapes:\n  - {op: fwd, layout: cf, dtypes: bf16/f32, batch: 2, dim: 256, seqlen: 3000}\n")
     code, _, err = run(["--arch", "sm_90", "--shapes", path, "--fit-starts", "-1"], capsys, probe=lambda: H100)
     assert code == 2 and "--fit-starts: expected 0 or a positive number, got -1" in err
-    made = []
-    monkeypatch.setattr(evaluate, "GpuEvaluator", lambda rt, shape, arch: made.append(FakeEvaluator()) or made[-1])
-    monkeypatch.setattr(measure, "copy_bandwidth", lambda: 3e12)
-    monkeypatch.setattr(cli, "_runtime", lambda: None)
+    made = _recorded_evaluators(monkeypatch)
     halved = default_variant(load_shapes(path)[0].family(), nvec=2).key()
     for run_no, (flag, tried) in enumerate([([], False), (["--fit-starts", "1"], True)]):
         made.clear()
@@ -362,7 +369,6 @@ def test_a_stopped_run_keeps_the_report_of_the_shapes_it_finished(tmp_path, caps
     """--report is rewritten after every shape: a run stopped during its second shape
     leaves a whole report of the first (complete: false) that import-report can store;
     a run to the end says complete: true."""
-    from cc1d.tuner import cli, evaluate, measure
     from cc1d.tuner.testing import FakeEvaluator
     shapes = tmp_path / "two.yaml"
     shapes.write_text(SHAPES + SHAPES.replace("layout: cf", "layout: cl"))
@@ -374,9 +380,7 @@ def test_a_stopped_run_keeps_the_report_of_the_shapes_it_finished(tmp_path, caps
             raise KeyboardInterrupt  # stands for Ctrl-C or a kill during the second shape
         return FakeEvaluator()
 
-    monkeypatch.setattr(evaluate, "GpuEvaluator", evaluator)
-    monkeypatch.setattr(measure, "copy_bandwidth", lambda: 3e12)
-    monkeypatch.setattr(cli, "_runtime", lambda: None)
+    _fake_gpu(monkeypatch, evaluator)
     report = tmp_path / "r.json"
     argv = ["--shapes", shapes, "--db", tmp_path / "run.db", "--trials", "3", "--report", report]
     stop = True
