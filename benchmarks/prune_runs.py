@@ -17,13 +17,18 @@ geometric mean speed after against before, how many are faster or slower by more
 3 %, and how many are behind the peer (where it was timed) before and after. With
 --behind-out, every timed call (moved or not) whose kernel after the merge ran more than
 3 % slower than the peer there is written as a shapes file, worst first: the next run's.
+With --slowed-out, the slowed calls (those that left a winner out, with --out-dir; else the
+merge's) are written as a shapes file too, each once, with the kernel that served it before:
+tuned as entries of their own (from the DB with the runs merged unpruned), they let the
+winners that slowed them keep their own gains. Neither file is written where it would list
+no call (cc1d-tune refuses a shapes file without shapes); the output says so.
 With --guard-logs, the calls the runs' guard rounds timed (their tune.log lines) count too: a
 guard stopped by its deadline leaves the calls it found slowed untuned, served by the winner
 that slowed them, and no moves benchmark may have timed them again.
 
     python benchmarks/prune_runs.py --before BEFORE.db --runs r1/tune.db r2/tune.db \\
         --timings r1/moves.json r2/moves.json sweep.json [--guard-logs r1/tune.log r2/tune.log] \\
-        [--out-dir pruned/] [--behind-out behind.yaml]
+        [--out-dir pruned/] [--behind-out behind.yaml] [--slowed-out slowed.yaml]
 """
 from __future__ import annotations
 
@@ -52,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="prune, and write each run's DB less the winners left out here (a new folder)")
     ap.add_argument("--behind-out", type=Path, default=None,
                     help="write the timed calls behind the peer after the merge as a shapes file (a new file)")
+    ap.add_argument("--slowed-out", type=Path, default=None,
+                    help="write the slowed calls (with --out-dir, those that left a winner out) as a shapes "
+                         "file (a new file), to tune as entries of their own")
     args = ap.parse_args(argv)
     for name, paths in (("--before", [args.before]), ("--runs", args.runs), ("--timings", args.timings),
                         ("--guard-logs", args.guard_logs)):
@@ -60,9 +68,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 ap.error(f"{name}: no such file '{path}'")
     if args.out_dir is not None and args.out_dir.exists():
         ap.error(f"--out-dir: expected a new folder, got '{args.out_dir}', which exists")
-    if args.behind_out is not None and new_file_error(args.behind_out):
-        ap.error(f"--behind-out: expected a new file, got '{args.behind_out}', which "
-                 f"{new_file_error(args.behind_out)}")
+    for name, path in (("--behind-out", args.behind_out), ("--slowed-out", args.slowed_out)):
+        if path is not None and new_file_error(path):
+            ap.error(f"{name}: expected a new file, got '{path}', which {new_file_error(path)}")
+    if args.behind_out is not None and args.behind_out == args.slowed_out:
+        ap.error(f"--behind-out and --slowed-out: expected two files, got '{args.behind_out}' for both")
     return args
 
 
@@ -216,6 +226,23 @@ def write_behind(path: Path, calls: list[tuple[float, object]], header: str) -> 
     write_whole(path, "\n".join(lines) + "\n")
 
 
+def write_slowed(path: Path, rows: list[dict], header: str) -> int:
+    """The slowed calls as a shapes file for cc1d-tune, each once (the first row naming it),
+    with the kernel that served it before and its times; returns how many."""
+    from cc1d.tuner.guard import shapes_entry
+    from timing import write_whole
+    seen, lines = set(), [f"# {header}", "shapes:"]
+    for r in rows:
+        m = r["move"]
+        if (m.family_key, m.features, m.call) in seen:
+            continue
+        seen.add((m.family_key, m.features, m.call))
+        lines.append(f"  - {shapes_entry(m.shape)}  # {kernel_key(m.family_key, m.before)} "
+                     f"{r['before_us']:.1f} -> {r['after_us']:.1f} µs (the {m.after_shape} entry's)")
+    write_whole(path, "\n".join(lines) + "\n")
+    return len(seen)
+
+
 def summary_lines(rows: list[dict]) -> list[str]:
     """The moved calls per family and in all, as a markdown table."""
     groups: dict[str, list[dict]] = defaultdict(list)
@@ -258,9 +285,15 @@ def main(argv: list[str] | None = None) -> int:
                 pruned_copy(run, left_out, args.out_dir / f"{i + 1}-{run.name}")
         if args.behind_out is not None:
             behind = behind_calls(after, arch, times)
-            write_behind(args.behind_out, behind, f"the timed calls behind the peer by more than 3 % after "
-                         f"{len(args.runs)} runs{' (pruned)' if args.out_dir else ''} merged into {args.before} "
-                         "(benchmarks/prune_runs.py), slowest first")
+            if behind:
+                write_behind(args.behind_out, behind, f"the timed calls behind the peer by more than 3 % after "
+                             f"{len(args.runs)} runs{' (pruned)' if args.out_dir else ''} merged into "
+                             f"{args.before} (benchmarks/prune_runs.py), slowest first")
+        if args.slowed_out is not None:
+            victims = why if args.out_dir is not None else [r for r in rows if slowed(r)]
+            n_slowed = 0 if not victims else write_slowed(args.slowed_out, victims, "the timed calls that the runs' winners "
+                                    f"slowed by more than 3 % from {args.before} (benchmarks/prune_runs.py), with "
+                                    "the kernel that served each before: to tune as entries of their own")
     print(f"{len(args.runs)} runs merged into a copy of {args.before}; timings from {len(args.timings)} files"
           + (f", and {guarded} calls from {len(args.guard_logs)} guard logs" if args.guard_logs else ""))
     if args.out_dir is not None:
@@ -276,8 +309,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"slowed: {m.family_key} {m.call} {r['before_us']:.1f} -> {r['after_us']:.1f} µs "
                   f"(served by the {m.after_shape} entry)")
     print("\n".join(summary_lines(rows)))
+    # As bench_moves.py --shapes-out: a shapes file lists at least one shape.
     if args.behind_out is not None:
-        print(f"{len(behind)} timed calls behind the peer by more than 3 % written to {args.behind_out}")
+        print(f"{len(behind)} timed calls behind the peer by more than 3 % written to {args.behind_out}" if behind
+              else f"no timed call behind the peer: {args.behind_out} not written")
+    if args.slowed_out is not None:
+        print(f"{n_slowed} slowed call{'' if n_slowed == 1 else 's'} written to {args.slowed_out}" if n_slowed
+              else f"no call slowed: {args.slowed_out} not written")
     return 0
 
 

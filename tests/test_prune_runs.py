@@ -78,6 +78,10 @@ def _timings(path, moves, after_us, peer_us=None, fmt="moves", arch="sm_90"):
      f"--behind-out: expected a new file, got '{__file__}', which exists"),
     (["--before", SHIPPED, "--runs", SHIPPED, "--timings", __file__, "--behind-out", "/nonexistent/b.yaml"],
      "--behind-out: expected a new file, got '/nonexistent/b.yaml', which is in no folder"),
+    (["--before", SHIPPED, "--runs", SHIPPED, "--timings", __file__, "--slowed-out", __file__],
+     f"--slowed-out: expected a new file, got '{__file__}', which exists"),
+    (["--before", SHIPPED, "--runs", SHIPPED, "--timings", __file__, "--slowed-out", "new.yaml",
+      "--behind-out", "new.yaml"], "--behind-out and --slowed-out: expected two files, got 'new.yaml' for both"),
 ])
 def test_bad_options_are_refused(argv, message):
     res = _run(*argv)
@@ -267,3 +271,54 @@ def test_rows_whose_kernels_the_runtime_named_otherwise_give_no_times(tmp_path, 
     assert (moves[0].family_key, moves[0].features, moves[0].call) not in times
     assert times[(moves[1].family_key, moves[1].features, moves[1].call)] == {moves[1].before: [10.0],
                                                                               moves[1].after: [8.0]}
+
+
+def _slowed_entries(path):
+    """The shapes file's entries as (shape, trailing comment)."""
+    from cc1d.tuner.shapes import load_shapes
+    comments = [ln.split("  # ", 1)[1] for ln in path.read_text().splitlines() if ln.startswith("  - ")]
+    return list(zip(load_shapes(path), comments))
+
+
+@pytest.mark.parametrize("prune", [True, False])
+def test_slowed_out_writes_the_slowed_calls_as_shapes_to_tune_with_their_kernel_before(tmp_path, dbs, prune):
+    """With --out-dir the calls that left a winner out, else the merge's slowed calls: the
+    same here, where one winner slowed one call."""
+    before, run = dbs
+    moves = _moves(before)
+    victim = next(m for m in moves if not m.entry and m.before is not None)
+    timings = _timings(tmp_path / "t.json", moves, lambda m: 12.0 if m == victim else 8.0)
+    out = tmp_path / "slowed.yaml"
+    res = _run("--before", before, "--runs", run, "--timings", timings, "--slowed-out", out,
+               *(["--out-dir", tmp_path / "out"] if prune else []))
+    assert res.returncode == 0, res.stderr
+    assert f"1 slowed call written to {out}" in res.stdout
+    [(shape, comment)] = _slowed_entries(out)
+    assert shape == victim.shape and shape.op == "bwd" and shape.bias and shape.activation == "silu"
+    assert comment == f"{victim.before} 10.0 -> 12.0 µs (the {ENTRY} entry's)"
+
+
+def test_no_shapes_file_is_written_where_it_would_list_no_call(tmp_path, dbs):
+    """A shapes file lists at least one shape (cc1d-tune refuses an empty one): the output says
+    why there is none. Here every timed move is faster and ahead of the peer."""
+    before, run = dbs
+    timings = _timings(tmp_path / "t.json", _moves(before), lambda m: 8.0, peer_us=9.0)
+    slowed_out, behind_out = tmp_path / "slowed.yaml", tmp_path / "behind.yaml"
+    res = _run("--before", before, "--runs", run, "--timings", timings, "--slowed-out", slowed_out,
+               "--behind-out", behind_out)
+    assert res.returncode == 0, res.stderr
+    assert f"no call slowed: {slowed_out} not written" in res.stdout
+    assert f"no timed call behind the peer: {behind_out} not written" in res.stdout
+    assert not slowed_out.exists() and not behind_out.exists()
+
+
+def test_a_call_two_winners_slowed_is_listed_once_with_its_first_times(tmp_path, dbs):
+    before, _ = dbs
+    a, b = [m for m in _moves(before) if not m.entry][:2]
+    rows = [dict(move=a, before_us=10.0, after_us=12.0), dict(move=b, before_us=5.0, after_us=6.0),
+            dict(move=a, before_us=10.0, after_us=13.0)]
+    out = tmp_path / "slowed.yaml"
+    assert prune_script.write_slowed(out, rows, "header") == 2
+    assert [(s, c.split(" (")[0]) for s, c in _slowed_entries(out)] == \
+        [(a.shape, f"{prune_script.kernel_key(a.family_key, a.before)} 10.0 -> 12.0 µs"),
+         (b.shape, f"{prune_script.kernel_key(b.family_key, b.before)} 5.0 -> 6.0 µs")]
