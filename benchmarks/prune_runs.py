@@ -71,7 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name, path in (("--behind-out", args.behind_out), ("--slowed-out", args.slowed_out)):
         if path is not None and new_file_error(path):
             ap.error(f"{name}: expected a new file, got '{path}', which {new_file_error(path)}")
-    if args.behind_out is not None and args.behind_out == args.slowed_out:
+    if args.behind_out is not None and args.slowed_out is not None and \
+            args.behind_out.resolve() == args.slowed_out.resolve():
         ap.error(f"--behind-out and --slowed-out: expected two files, got '{args.behind_out}' for both")
     return args
 
@@ -291,9 +292,10 @@ def main(argv: list[str] | None = None) -> int:
                              f"{args.before} (benchmarks/prune_runs.py), slowest first")
         if args.slowed_out is not None:
             victims = why if args.out_dir is not None else [r for r in rows if slowed(r)]
-            n_slowed = 0 if not victims else write_slowed(args.slowed_out, victims, "the timed calls that the runs' winners "
-                                    f"slowed by more than 3 % from {args.before} (benchmarks/prune_runs.py), with "
-                                    "the kernel that served each before: to tune as entries of their own")
+            header = (f"the timed calls that the runs' winners slowed by more than 3 % from {args.before} "
+                      "(benchmarks/prune_runs.py), with the kernel that served each before: to tune as entries "
+                      "of their own")
+            n_slowed = write_slowed(args.slowed_out, victims, header) if victims else 0
     print(f"{len(args.runs)} runs merged into a copy of {args.before}; timings from {len(args.timings)} files"
           + (f", and {guarded} calls from {len(args.guard_logs)} guard logs" if args.guard_logs else ""))
     if args.out_dir is not None:

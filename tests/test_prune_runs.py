@@ -80,7 +80,7 @@ def _timings(path, moves, after_us, peer_us=None, fmt="moves", arch="sm_90"):
      "--behind-out: expected a new file, got '/nonexistent/b.yaml', which is in no folder"),
     (["--before", SHIPPED, "--runs", SHIPPED, "--timings", __file__, "--slowed-out", __file__],
      f"--slowed-out: expected a new file, got '{__file__}', which exists"),
-    (["--before", SHIPPED, "--runs", SHIPPED, "--timings", __file__, "--slowed-out", "new.yaml",
+    (["--before", SHIPPED, "--runs", SHIPPED, "--timings", __file__, "--slowed-out", "./new.yaml",
       "--behind-out", "new.yaml"], "--behind-out and --slowed-out: expected two files, got 'new.yaml' for both"),
 ])
 def test_bad_options_are_refused(argv, message):
