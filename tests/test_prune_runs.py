@@ -1,7 +1,9 @@
 """benchmarks/prune_runs.py: its options and timings files are checked; the calls a run's
 winner moves are looked up in the timings (either benchmark's rows); with --out-dir a winner
 whose moves slowed a timed call is left out of the run's DB written there, and one whose
-timed moves are all faster is kept; a tuner log's guard lines count as timings (--guard-logs).
+timed moves are all faster is kept; a tuner log's guard lines count as timings (--guard-logs);
+--slowed-out writes the slowed calls as a shapes file to tune, each once with its kernel
+before, and no shapes file is written empty.
 No GPU: the runs, timings and logs are made here."""
 from __future__ import annotations
 
