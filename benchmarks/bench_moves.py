@@ -367,19 +367,26 @@ def slower_rows(doc: dict, name: str, than: str) -> list[dict]:
     return out
 
 
-def write_shapes(path: Path, doc: dict, rows: list[dict], header: str | None = None) -> None:
-    """The rows' calls as a shapes file (tuner/shapes.py), written whole or not at all, its
-    first line `header` as a comment (default: the calls slowed from doc's before to after)."""
+def write_shapes_file(path: Path, header: str, entries: list[tuple[Any, str | None]]) -> None:
+    """`entries` ((shape, note)) as a shapes file for cc1d-tune (tuner/shapes.py), written
+    whole or not at all: `header` its first line and each note its shape's trailing comment,
+    as comments."""
     from cc1d.tuner.guard import shapes_entry
-    from cc1d.tuner.moves import Move
     from timing import write_whole
+    lines = [f"# {header}", "shapes:"] + [f"  - {shapes_entry(shape)}" + (f"  # {note}" if note else "")
+                                          for shape, note in entries]
+    write_whole(path, "\n".join(lines) + "\n")
+
+
+def write_shapes(path: Path, doc: dict, rows: list[dict], header: str | None = None) -> None:
+    """The rows' calls as a shapes file (write_shapes_file), its header `header` (default: the
+    calls slowed from doc's before to after)."""
+    from cc1d.tuner.moves import Move
     header = header or (f"calls slowed from {doc['before']} to {doc['after']} on {doc['device']} "
                         "(benchmarks/bench_moves.py)")
-    lines = [f"# {header}", "shapes:"]
-    for r in rows:
-        m = Move(doc["arch"], r["family"], r["features"], tuple(r["call"]), r["before_variant"], r["after_variant"])
-        lines.append(f"  - {shapes_entry(m.shape)}")
-    write_whole(path, "\n".join(lines) + "\n")
+    moves = [Move(doc["arch"], r["family"], r["features"], tuple(r["call"]), r["before_variant"], r["after_variant"])
+             for r in rows]
+    write_shapes_file(path, header, [(m.shape, None) for m in moves])
 
 
 def by_entry(rows: list[dict]) -> list[dict]:

@@ -41,7 +41,8 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from bench_moves import kernel_key, moves_between, new_file_error  # a sibling script: run as benchmarks/prune_runs.py
+from bench_moves import (kernel_key, moves_between, new_file_error,  # a sibling script: run as benchmarks/prune_runs.py
+                         write_shapes_file)
 from cc1d.tuner.guard import SLOWER  # above this ratio, slowed: the guard's and bench_moves.py's 3 %
 
 
@@ -221,27 +222,20 @@ def behind_calls(after: Path, arch: str, times: dict) -> list[tuple[float, objec
 
 def write_behind(path: Path, calls: list[tuple[float, object]], header: str) -> None:
     """The calls as a shapes file for cc1d-tune, each with its speed against the peer."""
-    from cc1d.tuner.guard import shapes_entry
-    from timing import write_whole
-    lines = [f"# {header}", "shapes:"] + [f"  - {shapes_entry(shape)}  # {speed:.2f}x" for speed, shape in calls]
-    write_whole(path, "\n".join(lines) + "\n")
+    write_shapes_file(path, header, [(shape, f"{speed:.2f}x") for speed, shape in calls])
 
 
 def write_slowed(path: Path, rows: list[dict], header: str) -> int:
     """The slowed calls as a shapes file for cc1d-tune, each once (the first row naming it),
     with the kernel that served it before and its times; returns how many."""
-    from cc1d.tuner.guard import shapes_entry
-    from timing import write_whole
-    seen, lines = set(), [f"# {header}", "shapes:"]
+    first: dict[tuple, dict] = {}
     for r in rows:
         m = r["move"]
-        if (m.family_key, m.features, m.call) in seen:
-            continue
-        seen.add((m.family_key, m.features, m.call))
-        lines.append(f"  - {shapes_entry(m.shape)}  # {kernel_key(m.family_key, m.before)} "
-                     f"{r['before_us']:.1f} -> {r['after_us']:.1f} µs (the {m.after_shape} entry's)")
-    write_whole(path, "\n".join(lines) + "\n")
-    return len(seen)
+        first.setdefault((m.family_key, m.features, m.call), r)
+    write_shapes_file(path, header, [
+        (r["move"].shape, f"{kernel_key(r['move'].family_key, r['move'].before)} {r['before_us']:.1f} -> "
+                          f"{r['after_us']:.1f} µs (the {r['move'].after_shape} entry's)") for r in first.values()])
+    return len(first)
 
 
 def summary_lines(rows: list[dict]) -> list[str]:
