@@ -290,13 +290,14 @@ def kernel_key(family_key: str, variant: str | None) -> str:
 
 def labels_hold(row: dict) -> bool | None:
     """Whether the kernels the runtime named for a row's call (runtime_kernels; a realigned
-    twin counts as its variant) are the variants the row names: before and after, or a
+    twin or a walk-cut build counts as its variant) are the variants the row names: before and after, or a
     sweep's (bench_vs_peer.py) one (none: the family's default); None where it named none."""
     named = {"cc1d": row["variant"]} if "variant" in row else \
         {n: row.get(f"{n}_variant") for n in ("before", "after")}
     if any(f"{n}_kernel" not in row for n in named):
         return None
-    return all(row[f"{n}_kernel"].removesuffix(".realign") == kernel_key(row["family"], v) for n, v in named.items())
+    return all(row[f"{n}_kernel"].removesuffix(".realign").removesuffix(".walkcut") == kernel_key(row["family"], v)
+               for n, v in named.items())
 
 
 def calls_of(shape, sets: list[dict], peer) -> tuple[list, list | None]:

@@ -7,7 +7,9 @@ templates), KEY@FILE.cu (that source, launched with KEY's geometry) or KEY@DIR
 (KEY rendered from the templates in DIR, say another checkout's `templates/`: a
 template change against main, each at the same config). A channel-first forward or backward KEY
 ending in .realign stands for that variant's realigned twin (what the dispatcher runs
-for rows off the vector boundary, an odd seqlen's).
+for rows off the vector boundary, an odd seqlen's). A walked channel-first backward KEY ending
+in .walkcut stands for its walk-cut build (what the dispatcher runs where the sequence's
+end cuts a segment).
 
     python benchmarks/probe_variants.py --shape fwd,cf,bf16/bf16,4,8,5120,2048 \\
         fwd.cf.bf16wbf16.w4.t64.v16.n4.r1.hshfl  fwd.cf.bf16wbf16.w4.t64.v16.n4.r1.hshfl@my.cu \\
@@ -41,7 +43,7 @@ from cc1d import _cc1d
 from cc1d.generator import Variant
 from cc1d.generator.render import render_from
 from cc1d.generator.space import Family, space_for
-from cc1d.generator.variant import realigned
+from cc1d.generator.variant import realigned, walk_cut
 from cc1d.tuner.problems import problem_for
 from cc1d.tuner.shapes import Shape
 
@@ -67,23 +69,25 @@ def variant_from_key(key: str) -> Variant:
     return Variant.of(family, **config)
 
 
-REALIGN = ".realign"
+# Key suffixes naming a variant's other builds, as the runtime names them.
+BUILDS = {".realign": realigned, ".walkcut": walk_cut}
 
 
 def kernel_dict(spec: str) -> tuple[str, dict]:
     """(name, the runtime's kernel dict) of a candidate: KEY, KEY@FILE.cu or KEY@DIR; a
-    channel-first forward or backward KEY ending in .realign is that variant's realigned twin."""
+    channel-first forward or backward KEY ending in .realign is that variant's realigned twin,
+    a walked channel-first backward KEY ending in .walkcut its walk-cut build."""
     key, _, path = spec.partition("@")
-    twin = key.endswith(REALIGN)
-    variant = variant_from_key(key[:-len(REALIGN)] if twin else key)
+    suffix = next((s for s in BUILDS if key.endswith(s)), "")
+    variant = variant_from_key(key[:len(key) - len(suffix)])
     kernel = variant.as_runtime_dict()
     if path:
         where = Path(path)
         kernel["source"] = render_from(variant, where) if where.is_dir() else where.read_text()
         kernel["key"] = f"{key}@{path if where.is_dir() else where.name}"
     kernel["hash"] = hashlib.sha256(kernel["source"].encode()).hexdigest()
-    if twin:
-        kernel = dict(realigned(kernel), key=key + (f"@{path}" if path else ""))
+    if suffix:
+        kernel = dict(BUILDS[suffix](kernel), key=key + (f"@{path}" if path else ""))
     return kernel["key"], kernel
 
 

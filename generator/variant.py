@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import Iterator
 
 from .render import bwd_twin_takes_cuts
-from .space import ARCHS, Arch, Family, space_for
+from .space import ARCHS, Arch, Family, bwd_cf_walked, space_for
 
 
 def cf_segment_positions(geometry: dict, arch: str) -> int:
@@ -82,6 +82,25 @@ class Variant:
         seg = cf_segment_positions(self.geometry(), arch)
         return seqlen > seg and seqlen % seg != 0
 
+    def walk_cut_takes(self, seqlen: int, arch: str, seq_idx: bool = False, final_states: bool = False) -> bool:
+        """Whether the runtime serves this walked channel-first backward variant's aligned
+        calls of this seqlen through its walk-cut build, because the sequence's end cuts one
+        of its segments (dispatch.cpp walk_cut: NVIDIA GPUs, no seq_idx or final states)."""
+        if (self.family.op, self.family.layout) != ("bwd", "cf") or arch.startswith("gfx") or seq_idx or \
+                final_states or not bwd_cf_walked(self.params):
+            return False
+        return seqlen % cf_segment_positions(self.geometry(), arch) != 0
+
+    def served_build(self, seqlen: int, arch: str, seq_idx: bool = False, final_states: bool = False) -> str:
+        """Which build of this variant the runtime serves contiguous calls of this seqlen with
+        (fresh, aligned tensors, as the tuner times): "realign" (served_as_twin), "walkcut"
+        (walk_cut_takes) or "plain"."""
+        if self.served_as_twin(seqlen, arch, seq_idx=seq_idx, final_states=final_states):
+            return "realign"
+        if self.walk_cut_takes(seqlen, arch, seq_idx=seq_idx, final_states=final_states):
+            return "walkcut"
+        return "plain"
+
     def served_as_twin(self, seqlen: int, arch: str, seq_idx: bool = False, final_states: bool = False) -> bool:
         """Whether the runtime serves contiguous calls of this seqlen (fresh, aligned tensors,
         as the tuner times) through this variant's realigned twin: rows off its vectors, or
@@ -115,6 +134,37 @@ def twin_source(key: str, source: str) -> str | None:
     define = realign_define(key)
     macro = define.split()[1]  # "#define CC1D_FWD_REALIGN 1" -> CC1D_FWD_REALIGN
     return define + source if macro in source else None
+
+
+# What leads a walk-cut build's source: the runtime's kBwdWalkCutDefine (dispatch.h).
+WALK_CUT_DEFINE = "#define CC1D_BWD_WALK_CUT 1\n"
+
+
+def walk_cut_source(key: str, source: str) -> str | None:
+    """The source of the walk-cut build the runtime makes from a stored variant's source
+    (dispatch.cpp walk_cuttable: a walked channel-first backward whose source names the
+    build's macro, i.e. was rendered by templates that know it), or None."""
+    if not key.startswith("bwd.cf.") or "#define CC1D_BWD_WALKED 1" not in source or \
+            "CC1D_BWD_WALK_CUT" not in source:
+        return None
+    return WALK_CUT_DEFINE + source
+
+
+def walk_cut(kernel: dict) -> dict:
+    """The walk-cut build of a walked channel-first backward variant's runtime dict, as the
+    runtime makes it (dispatch.h walk_cut_build): the source led by its define, key +
+    ".walkcut". ValueError for a variant that has none."""
+    source = walk_cut_source(kernel["key"], kernel["source"])
+    if source is None:
+        raise ValueError(f"variant {kernel['key']!r} has no walk-cut build: only walked channel-first backward "
+                         "variants (keys 'bwd.cf.*' with 8 or 16 vectors a thread) have one")
+    return dict(kernel, key=kernel["key"] + ".walkcut", source=source,
+                hash=hashlib.sha256(source.encode()).hexdigest())
+
+
+def served(kernel: dict, build: str) -> dict:
+    """A variant's runtime dict as the build Variant.served_build names."""
+    return {"plain": lambda k: k, "realign": realigned, "walkcut": walk_cut}[build](kernel)
 
 
 def realigned(kernel: dict) -> dict:

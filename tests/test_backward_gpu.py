@@ -19,7 +19,7 @@ from cc1d import backward, ops  # noqa: E402
 
 from conftest import precompile, worth_precompiling  # noqa: E402
 from cc1d.generator.covering import all_covering  # noqa: E402
-from cc1d.generator.variant import realigned  # noqa: E402
+from cc1d.generator.variant import realigned, walk_cut  # noqa: E402
 from cc1d.tuner.problems import bwd_splits  # noqa: E402  (the runtime's split rule)
 from cc1d.tuner.shapes import Shape  # noqa: E402
 from fwd_cases import TORCH_DTYPES, Case, make_inputs, poisoned, rel_l2, rows_from  # noqa: E402
@@ -175,6 +175,58 @@ def test_walked_segments_match_reference(rt, variant):
         dout, dfinal = make_grads(case, inp, n)
         got = launch_bwd_variant(rt, variant, case, inp, dout, dfinal)
         check_grads(f"{variant.key()} {case.id()}", case, got, reference_grads(case, inp, dout, dfinal))
+
+
+@pytest.mark.parametrize("variant", WALKED, ids=lambda v: v.key())
+def test_walk_cut_builds_match_reference(rt, variant):
+    """The walk-cut build (CC1D_BWD_WALK_CUT, what the dispatcher runs where the sequence's
+    end cuts a walked segment) at lengths that are a whole number of vectors and cut a
+    segment (the walk takes the cut vectors, lanes past the end loading zeros): halfway, one
+    vector short of a whole segment (the top vector cut), three vectors into a tile (the
+    segment's first vector cut), a tile and a half, and a sequence shorter than a segment;
+    contiguous rows. Where the kernel keeps the edge path: the final states' gradient, and
+    padded rows on the vector boundary whose length is not a whole number of vectors. And
+    whole tiles, which the build walks as the plain one does."""
+    f, g = variant.family, variant.geometry()
+    build = walk_cut(variant.as_runtime_dict())
+    ve = g["align_bytes"] // f.x_bytes
+    seg_l = cf_segment_positions(variant)
+    cases = ((g["tile_l"] + seg_l // 2, 1, dict(silu=True, bias=True)),
+             (seg_l - ve, 1, dict(silu=False, bias=False, states=True)),
+             (2 * g["tile_l"] + 3 * ve, 1, dict(silu=True, bias=True, states=True)),
+             (g["tile_l"] + g["tile_l"] // 2 + ve, 1, dict(silu=True, bias=False)),
+             (max(ve, seg_l // 4 - ve), 1, dict(silu=True, bias=True)),
+             (g["tile_l"] + seg_l // 2, 1, dict(silu=True, bias=True, final=True)),
+             (g["tile_l"] + seg_l // 2 + 3, ve, dict(silu=True, bias=True)),
+             (2 * g["tile_l"], 1, dict(silu=True, bias=True)))
+    for n, (seqlen, align, fe) in enumerate(cases):
+        assert (seqlen % ve == 0) == (align == 1)
+        case = Case(layout="cf", x_dtype=f.x_dtype, w_dtype=f.w_dtype, width=f.width, batch=2,
+                    dim=2 * g["tile_d"], seqlen=seqlen, align=align, **fe)
+        inp = make_inputs(case, seed=100 + n)
+        dout, dfinal = make_grads(case, inp, n)
+        got = launch_bwd_variant(rt, variant, case, inp, dout, dfinal, runtime_dict=build)
+        check_grads(f"{build['key']} {case.id()}", case, got, reference_grads(case, inp, dout, dfinal))
+
+
+def test_cut_lengths_run_the_walk_cut_build_through_the_api(rt):
+    """Aligned rows whose sequence cuts a walked winner's segment: the dispatcher serves the
+    walk-cut build and the gradients match; with seq_idx no walk-cut build serves (the
+    shapes: shipped walked winners of bf16 width 4, and one near them)."""
+    for batch, dim, seqlen, seq_idx in ((1, 5120, 3000, False), (1, 2560, 1000, False), (2, 2560, 1200, False),
+                                        (1, 5120, 3000, True)):
+        case = Case(x_dtype="bf16", w_dtype="bf16", dim=dim, seqlen=seqlen, batch=batch, bias=True, silu=True,
+                    seq_idx=seq_idx)
+        inp = make_inputs(case, seed=seqlen + dim)
+        x, w, b = inp["x"].contiguous(), inp["weight"], inp["bias"]
+        dout, dfinal = make_grads(case, inp, seqlen)
+        dout = dout.contiguous()
+        e = rt.explain_bwd(*backward._bwd_call_args(x, w, b, inp.get("seq_idx"), None, dout, None,
+                                                     torch.empty_like(x), None, torch.empty_like(w),
+                                                     torch.empty_like(b), None, True))
+        assert e["key"].endswith(".walkcut") != seq_idx, e
+        got = grads_through_api(case, dict(inp, x=x), dout, dfinal)
+        check_grads(f"api {case.id()}", case, got, reference_grads(case, inp, dout, dfinal))
 
 
 # ---- realigned twins (CC1D_BWD_REALIGN) ------------------------------------------------

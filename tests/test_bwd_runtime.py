@@ -391,14 +391,15 @@ def test_nearest_backward_passes_over_segments_longer_than_the_sequence(rt, tmp_
 
 
 def test_walked_segments_longer_than_the_sequence_misfit_only_through_the_twin(rt, tmp_path):
-    """Walked segments take a short sequence well in their plain build ((2, 4096, 1000): 28.8
-    us on 2048-position segments), not through their twin, which rows off the vectors need
-    ((2, 4096, 1001): 49.2 us, against 39.6 on held 512-position segments)."""
+    """Walked segments take a short sequence well on aligned rows ((2, 4096, 1000): 28.8 us on
+    2048-position segments in their plain build; since session 75 it runs their walk-cut
+    build), not through their twin, which rows off the vectors need ((2, 4096, 1001): 49.2
+    us, against 39.6 on held 512-position segments)."""
     walked = _bwd_cf(threads=128, nvec=8, rows=4, max_regs=255)
     assert walked.geometry()["tile_l"] == 2048 and "#define CC1D_BWD_WALKED 1\n" in walked.source
     assert "#define CC1D_BWD_WALKED 0\n" in TILES_512.source
     rt.set_tuning_dbs([tuned_bwd_db(tmp_path / "t.db", [(walked, (2, 4096, 2048)), (TILES_512, (1, 5120, 512))])])
-    for seqlen, want in ((1000, walked.key()), (1001, TILES_512.key() + ".realign"),
+    for seqlen, want in ((1000, walked.key() + ".walkcut"), (1001, TILES_512.key() + ".realign"),
                          (2047, TILES_512.key() + ".realign"), (2049, walked.key() + ".realign")):
         e = rt.explain_bwd(*args(sizes=(2, 4096, seqlen, 4), w_dtype=BF16), arch=ARCH)
         assert e["key"] == want, (seqlen, e["key"])

@@ -276,12 +276,15 @@ def test_an_aligned_backward_whose_sequence_cuts_a_segment_runs_the_twin(drt, tm
         assert not drt.explain_bwd(*a, arch=BWD_ARCH)["key"].endswith(".realign")
 
 
-def test_lower_caps_and_walked_segments_keep_their_plain_build_at_cut_lengths(drt, tmp_path):
+def test_lower_caps_and_walked_segments_take_no_twin_at_cut_lengths(drt, tmp_path):
+    """A held segment under a 96-register cap keeps its plain build; a walked one runs its
+    walk-cut build (test_walk_cut.py), not the twin."""
     from test_bwd_runtime import ARCH as BWD_ARCH, args, tuned_bwd_db
-    for v in (HELD_96, WALKED):
+    from cc1d.generator.variant import walk_cut
+    for v, want in ((HELD_96, HELD_96.as_runtime_dict()), (WALKED, walk_cut(WALKED.as_runtime_dict()))):
         drt.set_tuning_dbs([tuned_bwd_db(tmp_path / f"{v.key()}.db", [(v, (2, 64, 16384))])])
         e = drt.explain_bwd(*args(sizes=(2, 64, 16000, 4)), arch=BWD_ARCH)
-        assert e["variant"] == v.as_runtime_dict(), e["key"]
+        assert e["variant"] == want, e["key"]
 
 
 def test_the_catalog_default_runs_its_twin_at_cut_lengths_on_nvidia_only(drt):

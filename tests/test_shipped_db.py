@@ -224,12 +224,13 @@ def test_runtime_serves_every_winner_from_the_installed_package(shipped, tmp_pat
 
 def _served_key(winner: dict, arch: str) -> str:
     """The kernel key the runtime serves a winner's own shape with: its realigned twin where
-    the tuned sequence puts rows off its vectors or cuts a segment the twin moves (what the
-    tuner timed, tuner/evaluate.py _kernel), else the winner's own key."""
+    the tuned sequence puts rows off its vectors or cuts a segment the twin moves, its
+    walk-cut build where the sequence cuts a walked segment (what the tuner times,
+    tuner/evaluate.py _kernel), else the winner's own key."""
     feats = set(winner["features"].split(","))
-    twin = winner_variant(winner).served_as_twin(winner["seqlen"], arch, seq_idx="seqidx" in feats,
-                                                 final_states="final" in feats)
-    return winner["variant_key"] + (".realign" if twin else "")
+    build = winner_variant(winner).served_build(winner["seqlen"], arch, seq_idx="seqidx" in feats,
+                                                final_states="final" in feats)
+    return winner["variant_key"] + ("" if build == "plain" else "." + build)
 
 
 def test_a_db_in_the_package_dir_serves_the_dispatcher(tmp_path):
@@ -273,7 +274,7 @@ def test_the_tuners_served_winner_is_the_dispatchers_pick(tmp_path):
     benchmarks name the kernel a call runs by it. Calls near the shipped shapes, some with a
     feature more or less, forwards and backwards of shorter and longer sequences (whole
     16-byte vectors: the tuner's kernel choice misfits and cut segments,
-    Variant.twin_takes_cut), and every call of the moves grid (tuner/moves.py grid_calls),
+    Variant.twin_takes_cut and walk_cut_takes), and every call of the moves grid (tuner/moves.py grid_calls),
     midway calls included, get the same kernel from the runtime. A midway call ranks two
     entries exactly alike; the first in the runtime's entry order serves it (session 73:
     the tuner took the first by shape key, and named the wrong kernel at 56 grid calls)."""
@@ -302,11 +303,14 @@ def test_the_tuners_served_winner_is_the_dispatchers_pick(tmp_path):
             probes.append(call_for(family_key, shape.batch, shape.dim, shape.seqlen, ",".join(shape.features())))
             row = served_winner(db, "sm_90", shape)
             v = winner_variant(row)
-            twin = v.twin_takes_cut(shape.seqlen, "sm_90", seq_idx=shape.seq_idx, final_states=shape.final_states)
-            expected.append((family_key, shape.key(), row["variant_key"] + (".realign" if twin else "")))
+            feats = dict(seq_idx=shape.seq_idx, final_states=shape.final_states)
+            build = ".realign" if v.twin_takes_cut(shape.seqlen, "sm_90", **feats) else \
+                ".walkcut" if v.walk_cut_takes(shape.seqlen, "sm_90", **feats) else ""
+            expected.append((family_key, shape.key(), row["variant_key"] + build))
     assert near > 2 * len(winners) and len(shapes) > near + 1000
     assert midway > 100  # the grid's midway calls are in
     assert any(key.endswith(".realign") for *_, key in expected)  # some cut a held backward segment
+    assert any(key.endswith(".walkcut") for *_, key in expected)  # some a walked one
     res = explain_in_fresh_process(probes, "sm_90", tmp_path, package_dir=REPO)
     wrong = [f"{fam} {key}: tuner {want}, runtime {e['key']} ({e['reason']} {e['matched_shape']})"
              for (fam, key, want), e in zip(expected, res["explained"]) if e["key"] != want]

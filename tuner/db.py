@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator
 
 from ..generator import EPOCH, Family, Variant, arch_info
-from ..generator.variant import twin_source
+from ..generator.variant import twin_source, walk_cut_source
 
 log = logging.getLogger("cc1d")
 
@@ -80,8 +80,9 @@ def runtime_builds(rt: Any, key: str, source: str) -> list[tuple[str, str, list[
     """(name, source, compiler options) of each kernel the runtime may build from a stored
     winner's source whatever the call: the plain source; a backward's seq_idx build; a
     channel-first forward's or backward's realigned twin (and the backward twin's seq_idx
-    build). A plan's fixed kernel takes the call's values, so it is not among them. `rt` is
-    the runtime module (its bwd_seq_build_options); compile_problems(builds=...) takes them."""
+    build); a walked channel-first backward's walk-cut build (never with seq_idx). A plan's
+    fixed kernel takes the call's values, so it is not among them. `rt` is the runtime
+    module (its bwd_seq_build_options); compile_problems(builds=...) takes them."""
     seq = list(rt.bwd_seq_build_options()) if key.startswith("bwd.") else None
     twin = twin_source(key, source)
     builds = [("plain", source, [])]
@@ -91,6 +92,9 @@ def runtime_builds(rt: Any, key: str, source: str) -> list[tuple[str, str, list[
         builds.append(("realigned", twin, []))
         if seq is not None:
             builds.append(("realigned seq_idx", twin, seq))
+    cut = walk_cut_source(key, source)
+    if cut is not None:
+        builds.append(("walk-cut", cut, []))
     return builds
 
 

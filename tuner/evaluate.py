@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from ..generator import Variant
-from ..generator.variant import realigned
+from ..generator.variant import served
 from .measure import CudaTimer, MeasureConfig, Timing, TimingError
 from .problems import problem_for
 from .shapes import Shape
@@ -42,7 +42,7 @@ class Evaluator(Protocol):
 
 def compile_variant(rt: Any, variant: Variant, target: str, plan_options: list[str] | None = None,
                     source: str | None = None) -> None:
-    """Compiles the variant's source (or `source`: its realigned twin's), and with
+    """Compiles the variant's source (or `source`: the build the call is served with), and with
     plan_options the kernel the problem's launch runs too (into the compile cache, where
     that launch finds it)."""
     source = variant.source if source is None else source
@@ -71,13 +71,13 @@ class GpuEvaluator:
     def _kernel(self, variant: Variant) -> dict:
         # built once: the key/hash/source dict is what launch_fwd takes. Rows off the
         # variant's vectors (an odd seqlen's), and a backward's segment cut by the sequence
-        # where the variant's twin moves it, run its realigned twin, as the dispatcher
-        # serves the winner there; it is stored as the variant itself.
+        # where the variant's twin moves it, run its realigned twin; a walked backward's
+        # segment cut by the sequence, its walk-cut build: as the dispatcher serves the
+        # winner there (Variant.served_build). It is stored as the variant itself.
         if variant not in self._kernels:
-            kernel = variant.as_runtime_dict()
             s = self.shape
-            twin = variant.served_as_twin(s.seqlen, self.target, seq_idx=s.seq_idx, final_states=s.final_states)
-            self._kernels[variant] = realigned(kernel) if twin else kernel
+            build = variant.served_build(s.seqlen, self.target, seq_idx=s.seq_idx, final_states=s.final_states)
+            self._kernels[variant] = served(variant.as_runtime_dict(), build)
         return self._kernels[variant]
 
     def _launcher(self, variant: Variant):

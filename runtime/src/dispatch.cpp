@@ -172,8 +172,9 @@ std::string tiling_misfit(const Call& p, const std::string& arch, const KernelVa
   }
   const int64_t seg = cf_segment_positions(v, arch);
   if (seg <= 0) return {};
-  // Walked backward segments in their plain build (the rows meet v's vectors) take a shorter
-  // sequence well; their source marker is looked up only then, not for every ranked entry.
+  // Walked backward segments on aligned rows (the plain build, or the walk-cut build where
+  // it serves) take a shorter sequence well; their source marker is looked up only then, not
+  // for every ranked entry.
   if (p.seqlen < seg && !(p.op == Op::bwd && p.align % v.align_bytes == 0 &&
                           v.source.find("#define CC1D_BWD_WALKED 1") != std::string::npos))
     return "its kernel's segments (" + std::to_string(seg) + " positions) are longer than this call's sequence, "
@@ -222,34 +223,80 @@ bool call_runs(const Call& p, const KernelVariant& v) {
   return p.align % v.align_bytes == 0 || (rows_fit(p, v) && twinnable(v));
 }
 
-class Twins {
+// One derived build per variant (its realigned twin, its walk-cut build), made once from the
+// variant by `make` and kept by the variant's hash; null where the variant has none.
+class DerivedBuilds {
  public:
+  using Make = std::shared_ptr<const KernelVariant> (*)(const KernelVariant&);
+  explicit DerivedBuilds(Make make) : make_(make) {}
   std::shared_ptr<const KernelVariant> of(const std::shared_ptr<const KernelVariant>& v) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = twins_.find(v->hash);
-    if (it != twins_.end()) return it->second;
-    std::shared_ptr<const KernelVariant> twin;
-    if (twinnable(*v)) {
-      auto t = std::make_shared<KernelVariant>(*v);
-      t->key += ".realign";
-      t->source = realign_build(*v)->define + v->source;
-      t->hash = sha256_hex(t->source);
-      twin = std::move(t);
-    }
+    auto it = builds_.find(v->hash);
+    if (it != builds_.end()) return it->second;
+    std::shared_ptr<const KernelVariant> build = make_(*v);
     // Bounded like the memo: DBs hold a few hundred winners.
-    if (twins_.size() >= 4096) twins_.clear();
-    twins_.emplace(v->hash, twin);
-    return twin;
+    if (builds_.size() >= 4096) builds_.clear();
+    builds_.emplace(v->hash, build);
+    return build;
   }
 
  private:
+  Make make_;
   std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<const KernelVariant>> twins_;  // null: none
+  std::unordered_map<std::string, std::shared_ptr<const KernelVariant>> builds_;  // null: none
 };
 
-Twins& twins() {
-  static Twins t;
+// v built with `define` leading its source, key + suffix.
+std::shared_ptr<const KernelVariant> build_with(const KernelVariant& v, const char* define, const char* suffix) {
+  auto b = std::make_shared<KernelVariant>(v);
+  b->key += suffix;
+  b->source = define + v.source;
+  b->hash = sha256_hex(b->source);
+  return b;
+}
+
+std::shared_ptr<const KernelVariant> make_twin(const KernelVariant& v) {
+  return twinnable(v) ? build_with(v, realign_build(v)->define, ".realign") : nullptr;
+}
+
+DerivedBuilds& twins() {
+  static DerivedBuilds t(make_twin);
   return t;
+}
+
+// ---- walk-cut builds (dispatch.h) ---------------------------------------------
+
+// Whether v has a walk-cut build: a plain channel-first backward variant whose segments are
+// walked, from templates that know the build.
+bool walk_cuttable(const KernelVariant& v) {
+  return v.key.rfind("bwd.cf.", 0) == 0 && !is_realigned(v) && !is_walk_cut(v) &&
+         v.source.find("#define CC1D_BWD_WALKED 1") != std::string::npos &&
+         v.source.find("CC1D_BWD_WALK_CUT") != std::string::npos;
+}
+
+std::shared_ptr<const KernelVariant> make_walk_cut(const KernelVariant& v) {
+  return walk_cuttable(v) ? build_with(v, kBwdWalkCutDefine, ".walkcut") : nullptr;
+}
+
+DerivedBuilds& walk_cut_builds() {
+  static DerivedBuilds b(make_walk_cut);
+  return b;
+}
+
+// Whether an aligned channel-first backward call whose sequence's end cuts one of v's walked
+// segments runs v's walk-cut build, whose walk takes the cut segment whole (lanes past the end
+// load zeros and store nothing) where the plain build sends its top vector to the edge path,
+// one vector at a time. Session 75, H200, fp16 `t128.v16.n16.r4.g96.s2048` at (8, 5120, 3000)
+// / (8, 5120, 1000): 230.2 / 87.3 us walk-cut, 261.7 / 143.7 plain; a whole-segment length,
+// (8, 5120, 4096), ran alike. The kernel walks it so only where the length is a whole number of
+// vectors, without seq_idx or dfinal_states (bwd_channel_first.cu.j2); measured on NVIDIA
+// GPUs only.
+bool walk_cut(const Call& p, const std::string& arch, const KernelVariant& v) {
+  if (p.op != Op::bwd || p.layout != Layout::channel_first || arch.rfind("gfx", 0) == 0 ||
+      (p.features & (kSeqIdx | kFinal)) || p.align % v.align_bytes != 0 || !walk_cuttable(v))
+    return false;
+  const int64_t seg = cf_segment_positions(v, arch);
+  return seg > 0 && p.seqlen % seg != 0;
 }
 
 // Whether an aligned channel-first backward call whose sequence cuts one of v's segments
@@ -274,6 +321,8 @@ std::shared_ptr<const KernelVariant> serving(const Call& p, const std::string& a
   if (p.align % v->align_bytes != 0) return realigned_twin(v);
   if (cut_twin(p, arch, *v))
     if (auto twin = realigned_twin(v)) return twin;
+  if (walk_cut(p, arch, *v))
+    if (auto build = walk_cut_build(v)) return build;
   return v;
 }
 
@@ -454,6 +503,10 @@ std::shared_ptr<Decision> pick(const Call& p, const std::string& arch, const Cha
 std::shared_ptr<const Decision> compute(const Call& p, const std::string& arch, const Chain& chain) {
   std::shared_ptr<Decision> d = pick(p, arch, chain);
   const KernelVariant& v = *d->variant;
+  if (is_walk_cut(v))
+    d->detail += "; walk-cut build: its walk takes the segment this call's sequence cuts (" +
+                 std::to_string(cf_segment_positions(v, arch)) +
+                 " positions) whole, where its plain build sends the top vector to the edge path";
   if (!is_realigned(v)) return d;
   if (p.align % v.align_bytes == 0)  // served for its cut segment (cut_twin)
     d->detail += "; realigned build: it moves the segment this call's sequence cuts (" +
@@ -606,6 +659,12 @@ std::shared_ptr<const Decision> decide_ready(const Call& c, int arch_id, Ready&&
 std::shared_ptr<const KernelVariant> realigned_twin(const std::shared_ptr<const KernelVariant>& v) {
   return twins().of(v);
 }
+
+std::shared_ptr<const KernelVariant> walk_cut_build(const std::shared_ptr<const KernelVariant>& v) {
+  return walk_cut_builds().of(v);
+}
+
+bool is_walk_cut(const KernelVariant& v) { return v.source.rfind(kBwdWalkCutDefine, 0) == 0; }
 
 bool is_realigned(const KernelVariant& v) {
   for (const RealignBuild& b : kRealignBuilds)

@@ -52,6 +52,15 @@ constexpr const char* kBwdRealignDefine = "#define CC1D_BWD_REALIGN 1\n";
 std::shared_ptr<const KernelVariant> realigned_twin(const std::shared_ptr<const KernelVariant>& v);
 bool is_realigned(const KernelVariant& v);
 
+// The walk-cut build of a walked channel-first backward variant (bwd_channel_first.cu.j2
+// CC1D_BWD_WALK_CUT): its source led by kBwdWalkCutDefine, key + ".walkcut". It serves the
+// variant's aligned calls whose sequence's end cuts a segment (dispatch.cpp walk_cut): its
+// walk takes that segment whole. Null for a variant with none (held segments, another op
+// or layout, a DB source rendered before the build).
+constexpr const char* kBwdWalkCutDefine = "#define CC1D_BWD_WALK_CUT 1\n";
+std::shared_ptr<const KernelVariant> walk_cut_build(const std::shared_ptr<const KernelVariant>& v);
+bool is_walk_cut(const KernelVariant& v);
+
 struct Decision {
   std::shared_ptr<const KernelVariant> variant;
   std::string reason, source, matched_shape, arch, call_shape, detail;
