@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from peers import causal_conv1d_bwd
-from timing import copy_ceiling_gbps, graph_time_us, n_buffers
+from probe_variants import input_sets, peer_calls
+from timing import copy_ceiling_gbps, graph_time_us
 
 import cc1d
 from cc1d import _cc1d
@@ -55,7 +55,7 @@ def served_through_walk_cut(db: Path, arch: str) -> list[dict]:
 def shape_of(w: dict) -> Shape:
     _, layout, dtypes, width = w["family_key"].split(".")
     xd, wd = dtypes.split("w")
-    feats = set(w["features"].split(","))
+    feats = {f for f in w["features"].split(",") if f}
     if feats - {"bias", "silu"}:
         raise ValueError(f"{w['shape_key']}: only bias and silu are timed here")
     return Shape("bwd", layout, xd, wd, int(width[1:]), w["batch"], w["dim"], w["seqlen"], bias="bias" in feats,
@@ -68,10 +68,7 @@ def time_winner(w: dict, rounds: int, ceiling: float) -> dict:
     builds = {"plain": plain, "walkcut": walk_cut(plain)}
     problem = problem_for("bwd")
     nbytes = problem.bytes_moved(shape)
-    sets = []
-    for i in range(n_buffers(nbytes)):
-        inputs = problem.make_inputs(shape, seed=i)
-        sets.append((inputs, problem.make_outputs(shape, inputs)))
+    sets = input_sets(problem, shape)
     ref = problem.reference(shape, sets[0][0])
     stream = torch.cuda.current_stream().cuda_stream
     row = dict(family=w["family_key"], shape=w["shape_key"], variant=w["variant_key"], db_us=w["time_us"])
@@ -85,10 +82,9 @@ def time_winner(w: dict, rounds: int, ceiling: float) -> dict:
         fns[name] = [lambda s=s, kernel=kernel: problem.launch(_cc1d, kernel, shape, s[0], s[1],
                                                                torch.cuda.current_stream().cuda_stream)
                      for s in sets]
-    peer = causal_conv1d_bwd()
+    peer = peer_calls(shape, sets)  # causal-conv1d's backward, where it is installed
     if peer is not None:
-        fns["peer"] = [lambda i=i: peer(i["x"], i["weight"], i["bias"], i["dout"], seq_idx=None,
-                                        silu=shape.activation == "silu") for i, _ in sets]
+        fns["peer"] = peer
     times: dict[str, list[float]] = {n: [] for n in fns}
     order = list(fns)
     for r in range(rounds):

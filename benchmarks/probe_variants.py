@@ -104,6 +104,16 @@ def resources(source: str, sass_dir: Path | None, name: str) -> str:
     return used
 
 
+def input_sets(problem, shape: Shape) -> list:
+    """(inputs, outputs) sets, seeds 0, 1, ..., enough of them that a rotation through them
+    runs past L2 (timing.n_buffers)."""
+    sets = []
+    for i in range(n_buffers(problem.bytes_moved(shape))):
+        inputs = problem.make_inputs(shape, seed=i)
+        sets.append((inputs, problem.make_outputs(shape, inputs)))
+    return sets
+
+
 def peer_calls(shape: Shape, sets: list) -> list | None:
     """causal-conv1d's forward or backward on each input set (None: not installed)."""
     silu = shape.activation == "silu"
@@ -149,10 +159,7 @@ def main() -> None:
             ap.error(f"candidate {spec!r}: {type(exc).__name__}: {exc}")
     problem = problem_for(shape.op)
     nbytes = problem.bytes_moved(shape)
-    sets = []
-    for i in range(n_buffers(nbytes)):
-        inputs = problem.make_inputs(shape, seed=i)
-        sets.append((inputs, problem.make_outputs(shape, inputs)))
+    sets = input_sets(problem, shape)
     ref = problem.reference(shape, sets[0][0])
     ceiling = copy_ceiling_gbps()
     print(f"{torch.cuda.get_device_name()}; copy {ceiling:.0f} GB/s; {args.shape} silu={not args.no_silu}")

@@ -209,24 +209,31 @@ def test_walk_cut_builds_match_reference(rt, variant):
         check_grads(f"{build['key']} {case.id()}", case, got, reference_grads(case, inp, dout, dfinal))
 
 
+def contiguous_bf16_through_api(rt, batch, dim, seqlen, seq_idx) -> dict:
+    """A contiguous bf16 width-4 backward with bias and SiLU through the API, its gradients
+    checked against the reference; returns the dispatcher's explain of the call."""
+    case = Case(x_dtype="bf16", w_dtype="bf16", dim=dim, seqlen=seqlen, batch=batch, bias=True, silu=True,
+                seq_idx=seq_idx)
+    inp = make_inputs(case, seed=seqlen + dim)
+    x, w, b = inp["x"].contiguous(), inp["weight"], inp["bias"]
+    dout, dfinal = make_grads(case, inp, seqlen)
+    dout = dout.contiguous()
+    e = rt.explain_bwd(*backward._bwd_call_args(x, w, b, inp.get("seq_idx"), None, dout, None,
+                                                 torch.empty_like(x), None, torch.empty_like(w),
+                                                 torch.empty_like(b), None, True))
+    got = grads_through_api(case, dict(inp, x=x), dout, dfinal)
+    check_grads(f"api {case.id()}", case, got, reference_grads(case, inp, dout, dfinal))
+    return e
+
+
 def test_cut_lengths_run_the_walk_cut_build_through_the_api(rt):
     """Aligned rows whose sequence cuts a walked winner's segment: the dispatcher serves the
     walk-cut build and the gradients match; with seq_idx no walk-cut build serves (the
     shapes: shipped walked winners of bf16 width 4, and one near them)."""
     for batch, dim, seqlen, seq_idx in ((1, 5120, 3000, False), (1, 2560, 1000, False), (2, 2560, 1200, False),
                                         (1, 5120, 3000, True)):
-        case = Case(x_dtype="bf16", w_dtype="bf16", dim=dim, seqlen=seqlen, batch=batch, bias=True, silu=True,
-                    seq_idx=seq_idx)
-        inp = make_inputs(case, seed=seqlen + dim)
-        x, w, b = inp["x"].contiguous(), inp["weight"], inp["bias"]
-        dout, dfinal = make_grads(case, inp, seqlen)
-        dout = dout.contiguous()
-        e = rt.explain_bwd(*backward._bwd_call_args(x, w, b, inp.get("seq_idx"), None, dout, None,
-                                                     torch.empty_like(x), None, torch.empty_like(w),
-                                                     torch.empty_like(b), None, True))
+        e = contiguous_bf16_through_api(rt, batch, dim, seqlen, seq_idx)
         assert e["key"].endswith(".walkcut") != seq_idx, e
-        got = grads_through_api(case, dict(inp, x=x), dout, dfinal)
-        check_grads(f"api {case.id()}", case, got, reference_grads(case, inp, dout, dfinal))
 
 
 # ---- realigned twins (CC1D_BWD_REALIGN) ------------------------------------------------
@@ -300,18 +307,8 @@ def test_cut_lengths_run_the_twin_through_the_api(rt):
     ((8, 2048, 2048)'s 1024-position segments, (1, 2048, 512)'s 512)."""
     for batch, dim, seqlen, seq_idx in ((8, 2048, 2000, False), (8, 64, 2000, False), (1, 2048, 600, False),
                                         (2, 64, 2000, True)):
-        case = Case(x_dtype="bf16", w_dtype="bf16", dim=dim, seqlen=seqlen, batch=batch, bias=True, silu=True,
-                    seq_idx=seq_idx)
-        inp = make_inputs(case, seed=seqlen + dim)
-        x, w, b = inp["x"].contiguous(), inp["weight"], inp["bias"]
-        dout, dfinal = make_grads(case, inp, seqlen)
-        dout = dout.contiguous()
-        e = rt.explain_bwd(*backward._bwd_call_args(x, w, b, inp.get("seq_idx"), None, dout, None,
-                                                     torch.empty_like(x), None, torch.empty_like(w),
-                                                     torch.empty_like(b), None, True))
+        e = contiguous_bf16_through_api(rt, batch, dim, seqlen, seq_idx)
         assert e["key"].endswith(".realign") != seq_idx and e["alignment"] >= 16, e
-        got = grads_through_api(case, dict(inp, x=x), dout, dfinal)
-        check_grads(f"api {case.id()}", case, got, reference_grads(case, inp, dout, dfinal))
 
 
 def _bwd(layout, x_dtype, w_dtype, width, **config):

@@ -100,3 +100,22 @@ def test_a_realign_key_is_the_variants_twin_as_the_runtime_makes_it(tmp_path):
     name, twin_at = probe_variants.kernel_dict(f"{fwd}.realign@{copy}")
     assert name == f"{fwd}.realign@{copy}"
     assert twin_at["source"].startswith("#define CC1D_FWD_REALIGN 1\n") and "// marker" in twin_at["source"]
+
+
+def test_a_walkcut_key_is_the_variants_walk_cut_build_as_the_runtime_makes_it():
+    """KEY.walkcut is a walked backward variant's walk-cut build (dispatch.h kBwdWalkCutDefine);
+    a held variant has none, and the candidate is refused by name."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import probe_variants
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    walked = "bwd.cf.f16wf16.w4.t128.v16.n16.r4.g96.s2048"
+    _, plain = probe_variants.kernel_dict(walked)
+    name, build = probe_variants.kernel_dict(walked + ".walkcut")
+    assert name == build["key"] == walked + ".walkcut"
+    assert build["source"] == "#define CC1D_BWD_WALK_CUT 1\n" + plain["source"]
+    assert build["hash"] == hashlib.sha256(build["source"].encode()).hexdigest()
+    res = _run(f"{KEY}.walkcut")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"candidate '{KEY}.walkcut': ValueError" in res.stderr and "has no walk-cut build" in res.stderr
