@@ -287,8 +287,8 @@ DerivedBuilds& walk_cut_builds() {
 // segments runs v's walk-cut build, whose walk takes the cut segment whole (lanes past the end
 // load zeros and store nothing) where the plain build sends its top vector to the edge path,
 // one vector at a time. Session 75, H200, fp16 `t128.v16.n16.r4.g96.s2048` at (8, 5120, 3000)
-// / (8, 5120, 1000): 230.2 / 87.3 us walk-cut, 261.7 / 143.7 plain; a whole-segment length,
-// (8, 5120, 4096), ran alike. The kernel walks it so only where the length is a whole number of
+// / (8, 5120, 1000): 230.3 / 87.2 us walk-cut, 260.7 / 143.9 plain (medians of three rounds);
+// a whole-segment length, (8, 5120, 4096), ran alike. The kernel walks it so only where the length is a whole number of
 // vectors, without seq_idx or dfinal_states (bwd_channel_first.cu.j2); measured on NVIDIA
 // GPUs only.
 bool walk_cut(const Call& p, const std::string& arch, const KernelVariant& v) {
