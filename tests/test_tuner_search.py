@@ -282,15 +282,29 @@ def test_start_from_tries_other_dbs_winners_first(db, tmp_path):
     assert starts == [fastest.params]
     ev = FakeEvaluator()
     res = tune_shape(CF, ARCH, ev, db, SearchConfig(trials=3), start_configs=starts)
-    assert ev.compiled[:2] == [default.key(), fastest.key()] and len(ev.compiled) == 3
+    assert ev.compiled[:2] == [fastest.key(), default.key()] and len(ev.compiled) == 3
     assert res.winner == fastest                          # timed here, and it wins on its time
     assert db.winner(ARCH, CF.family().key(), CF.key())["time_us"] == pytest.approx(fake_time_us(fastest),
                                                                                      rel=0.05)
 
 
 
+def test_a_budget_of_one_trial_keeps_the_start_config_not_the_default(db):
+    """The first start config (what the shape's calls ran) is timed before the default: a
+    budget that ends after one trial stores it, never an untimed-against default (session
+    75: the default replaced a kernel 1.6x faster at fp16 (16, 2048, 16384))."""
+    default = default_variant(CF.family())
+    incumbent = default_variant(CF.family(), max_regs=96)
+    ev = FakeEvaluator(times=lambda v: 5.0 if v == incumbent else 20.0)
+    res = tune_shape(CF, ARCH, ev, db, SearchConfig(trials=1), start_configs=[incumbent.params])
+    assert ev.compiled == [incumbent.key()]
+    assert res.winner == incumbent and res.start == incumbent and res.default_us is None
+    assert db.winner(ARCH, CF.family().key(), CF.key())["variant_key"] == incumbent.key()
+    assert default.key() not in ev.compiled
+
+
 def test_the_start_config_under_every_other_register_cap_is_tried_next(db):
-    """Right after the default and the start configs come the start configs under each
+    """Right after the start configs and the default come the start configs under each
     other register cap (statically valid ones), so a short re-tune on another device cannot
     miss the incumbent's one-knob neighbour (session 56: H100 winners under a 96 cap were
     faster under 64 on an H200); one of them wins where it is faster."""
@@ -301,7 +315,7 @@ def test_the_start_config_under_every_other_register_cap_is_tried_next(db):
     ev = FakeEvaluator(times=lambda v: picks.get(v, 20.0))
     res = tune_shape(CF, ARCH, ev, db, SearchConfig(trials=4, finalists=4), start_configs=[incumbent.params])
     # the default's own cap (128) is the default itself: not tried twice
-    assert ev.compiled == [default.key(), incumbent.key(), caps[255].key(), caps[64].key()]
+    assert ev.compiled == [incumbent.key(), default.key(), caps[255].key(), caps[64].key()]
     assert res.winner == caps[64] and res.start == incumbent
 
 
@@ -313,7 +327,7 @@ def test_register_cap_neighbours_that_the_space_rules_out_are_not_queued(db):
     ev = FakeEvaluator()
     tune_shape(CF, ARCH, ev, db, SearchConfig(trials=3), start_configs=[incumbent.params])
     queued = ev.compiled[:3]
-    assert queued[:2] == [default_variant(CF.family()).key(), incumbent.key()]
+    assert queued[:2] == [incumbent.key(), default_variant(CF.family()).key()]
     assert queued[2] == default_variant(CF.family(), threads=256, nvec=4, halo="reload", max_regs=255).key()
 
 def test_one_knob_neighbours_of_the_start_config_follow_its_register_caps(db):
@@ -335,7 +349,7 @@ def test_one_knob_neighbours_of_the_start_config_follow_its_register_caps(db):
     n = 2 + len(caps) + len(others)
     res = tune_shape(CF, ARCH, ev, db, SearchConfig(trials=n, finalists=4), start_configs=[incumbent.params])
     tried = ev.compiled[:n]
-    assert tried[:2] == [default.key(), incumbent.key()]
+    assert tried[:2] == [incumbent.key(), default.key()]
     assert sorted(tried[2:2 + len(caps)]) == sorted(caps)
     assert sorted(tried[2 + len(caps):]) == sorted(others)
     changed = [order.index(knob[k]) for k in tried[2 + len(caps):]]
@@ -377,7 +391,7 @@ def test_fit_starts_try_the_neighbours_that_fill_the_sequence_best_right_after_t
     start = default_variant(FIT.family(), max_regs=64)
     n2, n1 = (default_variant(FIT.family(), max_regs=64, nvec=n) for n in (2, 1))
     compiled, res = _compiled(tmp_path, "fit", FIT, 2, [start.params], times=lambda v: 5.0 if v == n1 else 20.0)
-    assert compiled == [default.key(), start.key(), n2.key(), n1.key()]
+    assert compiled == [start.key(), default.key(), n2.key(), n1.key()]
     assert res.winner == n1
     plain, _ = _compiled(tmp_path, "plain", FIT, 0, [start.params])
     assert plain[:2] == compiled[:2] and n2.key() not in plain and n1.key() not in plain
@@ -468,7 +482,7 @@ def test_dtype_starts_take_same_size_dtypes_nearest_shape_then_most_dtypes_share
 
 
 def test_family_starts_are_tried_after_the_start_config_and_their_neighbours_after_its(db):
-    """The search times the default, the shape's own start config, then the family's; every
+    """The search times the shape's own start config, the default, then the family's; every
     one-knob neighbour of the own config comes before those of the family config, and a
     family config that is faster wins (the report's start config stays the shape's own)."""
     default = default_variant(CF.family())
@@ -488,7 +502,7 @@ def test_family_starts_are_tried_after_the_start_config_and_their_neighbours_aft
     res = tune_shape(CF, ARCH, ev, db, SearchConfig(trials=n, finalists=4),
                      start_configs=[own.params, family.params])
     tried = ev.compiled[:n]
-    assert tried[:3] == [default.key(), own.key(), family.key()]
+    assert tried[:3] == [own.key(), default.key(), family.key()]
     assert set(tried[3:3 + len(own_near)]) == own_near
     assert tried[-1] in family_near
     assert res.winner == family and res.start == own
@@ -510,7 +524,7 @@ def test_start_from_tries_a_winner_whose_source_the_templates_changed(db, tmp_pa
     assert starts == [fastest.params]
     ev = FakeEvaluator()
     tune_shape(CF, ARCH, ev, db, SearchConfig(trials=3), start_configs=starts)
-    assert ev.compiled[:2] == [default.key(), fastest.key()]
+    assert ev.compiled[:2] == [fastest.key(), default.key()]
 
 
 def test_start_from_completes_a_config_stored_before_a_tunable_was_added(tmp_path):

@@ -47,7 +47,8 @@ def tune_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-s", type=float, default=None, help="wall-clock seconds per shape")
     p.add_argument("--resume", action="store_true", help="keep stored winners and trials, continue the rest")
     p.add_argument("--start-from", nargs="+", default=[], metavar="DB",
-                   help="tuning DBs whose winners for each shape are tried first, right after the default, "
+                   help="tuning DBs whose winners for each shape are tried first (the first DB's before the "
+                        "default, the others right after it), "
                         "then with one tunable changed, register caps first (timed like any candidate; e.g. "
                         "the shipped DB when re-tuning: the search then cannot miss a config it already knew)")
     p.add_argument("--family-starts", type=int, default=None, metavar="N",

@@ -142,7 +142,7 @@ class ShapeSearch:
                  run_id: str | None = None, on_trial: Callable[[Outcome], None] | None = None,
                  trials_since: str | None = None, start_configs: Sequence[dict] = ()) -> None:
         self.shape, self.arch, self.ev, self.db, self.cfg = shape, arch, evaluator, db, cfg
-        self.start_configs = list(start_configs)  # tried right after the default (--start-from)
+        self.start_configs = list(start_configs)  # the first tried first, the rest after the default
         self.trials_since = trials_since  # --resume replays only trials stored after this time
         self.family = shape.family()
         self.arch_obj = arch_info(arch)
@@ -219,7 +219,11 @@ class ShapeSearch:
         if not (self.shared and self.study.trials):  # one process of a shared study enqueues
             queued = set(self.known)
             starts = [self._variant(c) for c in self.start_configs]
-            for v in [self.default] + starts + self._fitting(starts or [self.default]) + self._neighbours(starts):
+            # The first start config (what the shape's calls ran) goes first, then the default:
+            # a budget that ends after one trial then keeps what ran (session 75: a 6-second
+            # budget at (16, 2048, 16384) timed only the default, 0.64x the kernel it replaced).
+            for v in starts[:1] + [self.default] + starts[1:] + self._fitting(starts or [self.default]) + \
+                    self._neighbours(starts):
                 if v.key() not in queued:
                     self.study.enqueue_trial(v.params)
                     queued.add(v.key())
