@@ -31,6 +31,28 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 KEY = "bwd.cf.bf16wbf16.w4.t64.v16.n4.r1.g128.s2048"
 
 
+def _probe():
+    """benchmarks/probe_variants.py, imported with its folder on sys.path (its sibling imports)."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import probe_variants
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return probe_variants
+
+
+def _assert_build_of(key: str, suffix: str, define: str) -> None:
+    """KEY+suffix is KEY's build the runtime makes: its source led by `define`, its hash of
+    that, the rest KEY's."""
+    _, plain = _probe().kernel_dict(key)
+    name, build = _probe().kernel_dict(key + suffix)
+    assert name == build["key"] == key + suffix
+    assert build["source"] == define + plain["source"]
+    assert build["hash"] == hashlib.sha256(build["source"].encode()).hexdigest()
+    assert {k: v for k, v in build.items() if k not in ("key", "source", "hash")} == \
+        {k: v for k, v in plain.items() if k not in ("key", "source", "hash")}
+
+
 def test_rounds_below_one_are_refused():
     res = _run("--rounds", "0", KEY)
     assert res.returncode == 2, res.stdout + res.stderr
@@ -64,11 +86,7 @@ def test_key_at_a_folder_renders_from_that_folder_and_leaves_the_generators_own(
     copy = _template_copy(tmp_path)
     path = copy / "bwd_channel_first.cu.j2"
     path.write_text("// marker from the candidate's folder\n" + path.read_text())
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import probe_variants
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    probe_variants = _probe()
     name, kernel = probe_variants.kernel_dict(f"{KEY}@{copy}")
     assert name == f"{KEY}@{copy}"
     assert "// marker from the candidate's folder" in kernel["source"]
@@ -81,19 +99,9 @@ def test_key_at_a_folder_renders_from_that_folder_and_leaves_the_generators_own(
 def test_a_realign_key_is_the_variants_twin_as_the_runtime_makes_it(tmp_path):
     """KEY.realign (and KEY.realign@DIR) is the forward variant's realigned twin: its source
     led by the define the runtime prepends (dispatch.h kRealignDefine), its hash of that."""
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import probe_variants
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    probe_variants = _probe()
     fwd = "fwd.cf.bf16wbf16.w4.t64.v16.n4.r1.hshfl.g64"
-    _, plain = probe_variants.kernel_dict(fwd)
-    name, twin = probe_variants.kernel_dict(fwd + ".realign")
-    assert name == twin["key"] == fwd + ".realign"
-    assert twin["source"] == "#define CC1D_FWD_REALIGN 1\n" + plain["source"]
-    assert twin["hash"] == hashlib.sha256(twin["source"].encode()).hexdigest()
-    assert {k: v for k, v in twin.items() if k not in ("key", "source", "hash")} == \
-        {k: v for k, v in plain.items() if k not in ("key", "source", "hash")}
+    _assert_build_of(fwd, ".realign", "#define CC1D_FWD_REALIGN 1\n")
     copy = _template_copy(tmp_path)
     path = copy / "fwd_cf_tiles.cuh.j2"
     path.write_text("// marker\n" + path.read_text())
@@ -105,17 +113,7 @@ def test_a_realign_key_is_the_variants_twin_as_the_runtime_makes_it(tmp_path):
 def test_a_walkcut_key_is_the_variants_walk_cut_build_as_the_runtime_makes_it():
     """KEY.walkcut is a walked backward variant's walk-cut build (dispatch.h kBwdWalkCutDefine);
     a held variant has none, and the candidate is refused by name."""
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import probe_variants
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    walked = "bwd.cf.f16wf16.w4.t128.v16.n16.r4.g96.s2048"
-    _, plain = probe_variants.kernel_dict(walked)
-    name, build = probe_variants.kernel_dict(walked + ".walkcut")
-    assert name == build["key"] == walked + ".walkcut"
-    assert build["source"] == "#define CC1D_BWD_WALK_CUT 1\n" + plain["source"]
-    assert build["hash"] == hashlib.sha256(build["source"].encode()).hexdigest()
+    _assert_build_of("bwd.cf.f16wf16.w4.t128.v16.n16.r4.g96.s2048", ".walkcut", "#define CC1D_BWD_WALK_CUT 1\n")
     res = _run(f"{KEY}.walkcut")
     assert res.returncode == 2, res.stdout + res.stderr
     assert f"candidate '{KEY}.walkcut': ValueError" in res.stderr and "has no walk-cut build" in res.stderr
