@@ -296,8 +296,8 @@ def labels_hold(row: dict) -> bool | None:
         {n: row.get(f"{n}_variant") for n in ("before", "after")}
     if any(f"{n}_kernel" not in row for n in named):
         return None
-    return all(row[f"{n}_kernel"].removesuffix(".realign").removesuffix(".walkcut") == kernel_key(row["family"], v)
-               for n, v in named.items())
+    from cc1d.generator.variant import base_key
+    return all(base_key(row[f"{n}_kernel"]) == kernel_key(row["family"], v) for n, v in named.items())
 
 
 def calls_of(shape, sets: list[dict], peer) -> tuple[list, list | None]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from timing import copy_ceiling_gbps, graph_time_us
 import cc1d
 from cc1d import _cc1d
 from cc1d.generator.variant import walk_cut
-from cc1d.tuner.db import winner_variant
+from cc1d.tuner.db import TuningDB, winner_shape, winner_variant
 from cc1d.tuner.problems import problem_for
 from cc1d.tuner.shapes import Shape
 from cc1d.tuner.validate import compare
@@ -38,28 +37,21 @@ from cc1d.tuner.validate import compare
 
 def served_through_walk_cut(db: Path, arch: str) -> list[dict]:
     """The DB's winners of `arch` whose own shape its walk-cut build serves, by family and size."""
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    conn.row_factory = sqlite3.Row
-    rows = [dict(r) for r in conn.execute(
-        "SELECT * FROM winners WHERE arch = ? AND op = 'bwd' ORDER BY family_key, batch * dim * seqlen", (arch,))]
-    conn.close()
+    with TuningDB(db, readonly=True) as d:
+        rows = [w for w in d.winners(arch) if w["op"] == "bwd"]
     out = []
-    for w in rows:
-        feats = set(w["features"].split(","))
-        if winner_variant(w).served_build(w["seqlen"], arch, seq_idx="seqidx" in feats,
-                                          final_states="final" in feats) == "walkcut":
+    for w in sorted(rows, key=lambda w: (w["family_key"], w["batch"] * w["dim"] * w["seqlen"])):
+        s = winner_shape(w)
+        if winner_variant(w).served_build(s.seqlen, arch, seq_idx=s.seq_idx, final_states=s.final_states) == "walkcut":
             out.append(w)
     return out
 
 
 def shape_of(w: dict) -> Shape:
-    _, layout, dtypes, width = w["family_key"].split(".")
-    xd, wd = dtypes.split("w")
-    feats = {f for f in w["features"].split(",") if f}
-    if feats - {"bias", "silu"}:
+    """The winner's shape, which this script times: bias and SiLU its only features."""
+    if {f for f in w["features"].split(",") if f} - {"bias", "silu"}:
         raise ValueError(f"{w['shape_key']}: only bias and silu are timed here")
-    return Shape("bwd", layout, xd, wd, int(width[1:]), w["batch"], w["dim"], w["seqlen"], bias="bias" in feats,
-                 activation="silu" if "silu" in feats else "none")
+    return winner_shape(w)
 
 
 def time_winner(w: dict, rounds: int, ceiling: float) -> dict:

@@ -43,7 +43,7 @@ from cc1d import _cc1d
 from cc1d.generator import Variant
 from cc1d.generator.render import render_from
 from cc1d.generator.space import Family, space_for
-from cc1d.generator.variant import realigned, walk_cut
+from cc1d.generator.variant import BUILDS, base_key
 from cc1d.tuner.problems import problem_for
 from cc1d.tuner.shapes import Shape
 
@@ -69,25 +69,21 @@ def variant_from_key(key: str) -> Variant:
     return Variant.of(family, **config)
 
 
-# Key suffixes naming a variant's other builds, as the runtime names them.
-BUILDS = {".realign": realigned, ".walkcut": walk_cut}
-
-
 def kernel_dict(spec: str) -> tuple[str, dict]:
     """(name, the runtime's kernel dict) of a candidate: KEY, KEY@FILE.cu or KEY@DIR; a
     channel-first forward or backward KEY ending in .realign is that variant's realigned twin,
     a walked channel-first backward KEY ending in .walkcut its walk-cut build."""
     key, _, path = spec.partition("@")
-    suffix = next((s for s in BUILDS if key.endswith(s)), "")
-    variant = variant_from_key(key[:len(key) - len(suffix)])
+    base = base_key(key)  # KEY.realign, KEY.walkcut: KEY's build of that name
+    variant = variant_from_key(base)
     kernel = variant.as_runtime_dict()
     if path:
         where = Path(path)
         kernel["source"] = render_from(variant, where) if where.is_dir() else where.read_text()
         kernel["key"] = f"{key}@{path if where.is_dir() else where.name}"
     kernel["hash"] = hashlib.sha256(kernel["source"].encode()).hexdigest()
-    if suffix:
-        kernel = dict(BUILDS[suffix](kernel), key=key + (f"@{path}" if path else ""))
+    if base != key:
+        kernel = dict(BUILDS[key[len(base) + 1:]](kernel), key=key + (f"@{path}" if path else ""))
     return kernel["key"], kernel
 
 

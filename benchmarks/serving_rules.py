@@ -144,16 +144,14 @@ def loo_score(rows: list[dict], times: dict[str, dict[str, float]], arch: str,
     """Each rule's leave-one-out regret over the entries (rows) with trials: the entry left
     out, the rule's pick among the others, its variant's trial time over the fastest
     (regret_summary; `unknown`: the picks never timed at the entry's shape)."""
-    from cc1d.tuner.db import family_from_key
-    from cc1d.tuner.shapes import Shape
+    from cc1d.tuner.db import winner_shape
     out = []
     for name, rank in rules.items():
         picks = []
         for r in rows:
             if r["shape_key"] not in times:
                 continue
-            shape = Shape.of(family_from_key(r["family_key"]), r["batch"], r["dim"], r["seqlen"],
-                             [f for f in r["features"].split(",") if f])
+            shape = winner_shape(r)
             others = [o for o in rows if o["shape_key"] != r["shape_key"]]
             picks.append((times[r["shape_key"]], shape.key(), pick(others, shape, rank, arch)["variant_key"]))
         out.append(regret_summary(name, picks, "unknown"))

@@ -72,12 +72,19 @@ class Variant:
         return (self.family.op in ("fwd", "bwd") and self.family.layout == "cf" and
                 seqlen * self.family.x_bytes % self.geometry()["align_bytes"] != 0)
 
+    def _cut_segment_call(self, arch: str, seq_idx: bool, final_states: bool) -> bool:
+        """Whether a build that takes a segment the sequence cuts (twin_takes_cut,
+        walk_cut_takes) may serve this variant's calls: a channel-first backward without
+        seq_idx or final states, on NVIDIA GPUs (dispatch.cpp cut_segment_call)."""
+        return (self.family.op, self.family.layout) == ("bwd", "cf") and not arch.startswith("gfx") and \
+            not seq_idx and not final_states
+
     def twin_takes_cut(self, seqlen: int, arch: str, seq_idx: bool = False, final_states: bool = False) -> bool:
         """Whether the runtime serves this channel-first backward variant's aligned calls of
         this seqlen through its realigned twin because the sequence cuts one of its segments
         (dispatch.cpp cut_twin; render.py bwd_twin_takes_cuts says for which variants)."""
-        if (self.family.op, self.family.layout) != ("bwd", "cf") or arch.startswith("gfx") or seq_idx or \
-                final_states or not bwd_twin_takes_cuts(self.family, self.params):
+        if not self._cut_segment_call(arch, seq_idx, final_states) or \
+                not bwd_twin_takes_cuts(self.family, self.params):
             return False
         seg = cf_segment_positions(self.geometry(), arch)
         return seqlen > seg and seqlen % seg != 0
@@ -86,8 +93,7 @@ class Variant:
         """Whether the runtime serves this walked channel-first backward variant's aligned
         calls of this seqlen through its walk-cut build, because the sequence's end cuts one
         of its segments (dispatch.cpp walk_cut: NVIDIA GPUs, no seq_idx or final states)."""
-        if (self.family.op, self.family.layout) != ("bwd", "cf") or arch.startswith("gfx") or seq_idx or \
-                final_states or not bwd_cf_walked(self.params):
+        if not self._cut_segment_call(arch, seq_idx, final_states) or not bwd_cf_walked(self.params):
             return False
         return seqlen % cf_segment_positions(self.geometry(), arch) != 0
 
@@ -162,11 +168,6 @@ def walk_cut(kernel: dict) -> dict:
                 hash=hashlib.sha256(source.encode()).hexdigest())
 
 
-def served(kernel: dict, build: str) -> dict:
-    """A variant's runtime dict as the build Variant.served_build names."""
-    return {"plain": lambda k: k, "realign": realigned, "walkcut": walk_cut}[build](kernel)
-
-
 def realigned(kernel: dict) -> dict:
     """The realigned twin of a channel-first forward or backward variant's runtime dict, as
     the runtime makes it (dispatch.h realigned_twin): the source led by its op's define,
@@ -174,6 +175,21 @@ def realigned(kernel: dict) -> dict:
     source = realign_define(kernel["key"]) + kernel["source"]
     return dict(kernel, key=kernel["key"] + ".realign", source=source,
                 hash=hashlib.sha256(source.encode()).hexdigest())
+
+
+# A variant's other builds, by the names Variant.served_build gives them: the runtime keys
+# each as the variant's key + "." + its name.
+BUILDS = {"realign": realigned, "walkcut": walk_cut}
+
+
+def served(kernel: dict, build: str) -> dict:
+    """A variant's runtime dict as the build Variant.served_build names ("plain" or BUILDS')."""
+    return kernel if build == "plain" else BUILDS[build](kernel)
+
+
+def base_key(key: str) -> str:
+    """The variant key of a kernel the runtime names: `key` less a build's suffix."""
+    return next((key[:-len(b) - 1] for b in BUILDS if key.endswith("." + b)), key)
 
 
 def variants(family: Family, arch: Arch | str = "sm_90") -> Iterator[Variant]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..generator import arch_info, variants
-from .db import DBError, TuningDB, default_db_path, family_from_key, runtime_builds
+from .db import DBError, TuningDB, default_db_path, runtime_builds, winner_shape
 from .device import DeviceInfo, environment, probe_device
 from .moves import report_moves, snapshot
 from .shapes import Shape, ShapesError, load_shapes
@@ -200,8 +200,7 @@ def _timed_builds(rt: Any, winner: dict) -> list[tuple[str, list[str]]]:
     source; for a shape whose plans launch a fixed kernel (forward, update, channel-last
     backward), that kernel's (the tuner timed it); for another backward shape with
     seq_idx, its seq_idx build (what such calls run)."""
-    shape = Shape.of(family_from_key(winner["family_key"]), int(winner["batch"]), int(winner["dim"]),
-                     int(winner["seqlen"]), str(winner["features"]).split(","))
+    shape = winner_shape(winner)
     builds: list[tuple[str, list[str]]] = [("plain", [])]
     if shape.op in ("fwd", "upd", "bwd"):
         from .problems import problem_for

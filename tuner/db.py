@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from ..generator import EPOCH, Family, Variant, arch_info
 from ..generator.variant import twin_source, walk_cut_source
+from .shapes import Shape
 
 log = logging.getLogger("cc1d")
 
@@ -74,6 +75,12 @@ def winner_variant(row: dict) -> Variant:
     """The variant a winners-table row names, rebuilt from its family key and config (as
     today's generator renders it). ValueError or KeyError where the config does not fit."""
     return Variant.of(family_from_key(row["family_key"]), **json.loads(row["config"]))
+
+
+def winner_shape(row: dict) -> Shape:
+    """The shape a winners-table row was tuned at: its family, sizes and features."""
+    return Shape.of(family_from_key(row["family_key"]), int(row["batch"]), int(row["dim"]), int(row["seqlen"]),
+                    [f for f in str(row["features"]).split(",") if f])
 
 
 def runtime_builds(rt: Any, key: str, source: str) -> list[tuple[str, str, list[str]]]:

@@ -264,6 +264,17 @@ DerivedBuilds& twins() {
   return t;
 }
 
+// ---- builds for a segment the sequence cuts -----------------------------------
+
+// Whether a build that takes a segment the sequence cuts (a held variant's realigned twin,
+// cut_twin; a walked one's walk-cut build, walk_cut) may serve the call: a channel-first
+// backward without seq_idx or the final states' gradient (with which neither moves the
+// segment), on NVIDIA GPUs, where both were measured.
+bool cut_segment_call(const Call& p, const std::string& arch) {
+  return p.op == Op::bwd && p.layout == Layout::channel_first && arch.rfind("gfx", 0) != 0 &&
+         !(p.features & (kSeqIdx | kFinal));
+}
+
 // ---- walk-cut builds (dispatch.h) ---------------------------------------------
 
 // Whether v has a walk-cut build: a plain channel-first backward variant whose segments are
@@ -292,11 +303,9 @@ DerivedBuilds& walk_cut_builds() {
 // vectors, without seq_idx or dfinal_states (bwd_channel_first.cu.j2); measured on NVIDIA
 // GPUs only.
 bool walk_cut(const Call& p, const std::string& arch, const KernelVariant& v) {
-  if (p.op != Op::bwd || p.layout != Layout::channel_first || arch.rfind("gfx", 0) == 0 ||
-      (p.features & (kSeqIdx | kFinal)) || p.align % v.align_bytes != 0 || !walk_cuttable(v))
-    return false;
+  if (!cut_segment_call(p, arch) || p.align % v.align_bytes != 0) return false;
   const int64_t seg = cf_segment_positions(v, arch);
-  return seg > 0 && p.seqlen % seg != 0;
+  return seg > 0 && p.seqlen % seg != 0 && walk_cuttable(v);  // the source's markers last
 }
 
 // Whether an aligned channel-first backward call whose sequence cuts one of v's segments
@@ -306,8 +315,7 @@ bool walk_cut(const Call& p, const std::string& arch, const KernelVariant& v) {
 // plain). The twin moves nothing with seq_idx or dfinal_states, or for a sequence of one
 // segment or less; measured on NVIDIA GPUs only.
 bool cut_twin(const Call& p, const std::string& arch, const KernelVariant& v) {
-  if (p.op != Op::bwd || p.layout != Layout::channel_first || arch.rfind("gfx", 0) == 0 ||
-      (p.features & (kSeqIdx | kFinal)) || !rows_fit(p, v) ||
+  if (!cut_segment_call(p, arch) || !rows_fit(p, v) ||
       v.source.find("#define CC1D_BWD_CUT_TWIN 1") == std::string::npos)
     return false;
   const int64_t seg = cf_segment_positions(v, arch);
