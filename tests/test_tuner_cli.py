@@ -505,3 +505,21 @@ def test_a_closed_output_pipe_is_one_line_not_a_traceback(tmp_path):
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 1
     assert "Traceback" not in err and "output closed before the end" in err, err
+
+
+def test_a_run_names_the_shapes_its_budget_left_unsearched(tmp_path, capsys, monkeypatch):
+    """The final table counts each shape's timed candidates, and a shape whose --budget-s
+    ended after one of them is named in a warning after it (its winner is the start config
+    or the default, not a search's); a run whose budget let several be timed warns of none."""
+    from cc1d.tuner.testing import FakeEvaluator
+    path = tmp_path / "s.yaml"
+    path.write_text("shapes:\n  - {op: fwd, layout: cf, dtypes: bf16/f32, batch: 2, dim: 256, seqlen: 3000}\n")
+    for run_no, (sleep_s, budget, named) in enumerate([(0.2, "0.05", True), (0.02, "0.3", False)]):
+        _fake_gpu(monkeypatch, lambda rt, shape, arch, s=sleep_s: FakeEvaluator(sleep_s=s))
+        code, out, _ = run(["--shapes", path, "--db", tmp_path / f"run{run_no}.db", "--trials", "200",
+                            "--budget-s", budget, "--compile-workers", "1"], capsys, probe=lambda: H100)
+        header, row = out.splitlines()[:2]
+        assert code == 0 and header.split()[-1] == "timed"
+        assert row.endswith(" 1 (budget)") is named and "(budget)" in row
+        assert ("1 shapes not searched: --budget-s ended their search after one candidate timed" in out) is named
+        assert ("fwd.cf.bf16wf32.w4 (2, 256, 3000)" in out) is named

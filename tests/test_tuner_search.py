@@ -241,6 +241,26 @@ def test_a_spent_budget_drops_the_candidates_compiled_ahead(db):
     assert len(ev.compiled) > len(timed)  # compiled ahead, never timed
 
 
+def test_a_budget_spent_after_one_candidate_is_named_as_not_searched(db):
+    """Where --budget-s ends the search after one candidate timed, the table's "timed" column
+    says so and the run's warning names the shape: its winner is that kernel, not a search's
+    (sessions 72-76: four runs timed only the start at bf16/f32 (16, 8192, 8192)). A search
+    that --trials ends after one candidate, or one the budget let time several, is not named."""
+    from cc1d.tuner.report import result_dict, table, unsearched
+    alone = tune_shape(CF, ARCH, FakeEvaluator(sleep_s=0.2), db, SearchConfig(trials=50, budget_s=0.05))
+    assert alone.budget_spent and alone.timed() == 1 and alone.winner is not None
+    assert table([alone]).splitlines()[-1].endswith(" 1 (budget)")
+    assert result_dict(alone)["timed"] == 1 and result_dict(alone)["budget_spent"] is True
+    warning = unsearched([alone])
+    assert warning.startswith("1 shapes not searched") and f"{CF.family().key()} (2, 256, 1024)" in warning
+    one_trial = tune_shape(CL, ARCH, FakeEvaluator(), db, SearchConfig(trials=1))
+    several = tune_shape(CL, ARCH, FakeEvaluator(sleep_s=0.02), db, SearchConfig(trials=50, budget_s=0.15))
+    assert not one_trial.budget_spent and one_trial.timed() == 1
+    assert several.budget_spent and several.timed() > 1
+    assert unsearched([one_trial, several]) is None
+    assert unsearched([one_trial, alone, several]) == warning
+
+
 def test_no_valid_candidate_gives_no_winner(db):
     res = tune_shape(CF, ARCH, FakeEvaluator(wrong=lambda v: True), db, SearchConfig(trials=5))
     assert res.winner is None and "no candidate passed validation" in res.note

@@ -323,7 +323,7 @@ def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], Devi
     from .evaluate import GpuEvaluator, compile_variant
     from .isolate import IsolatedEvaluator, gpu_evaluator
     from .measure import copy_bandwidth
-    from .report import table, write_report
+    from .report import table, unsearched, write_report
     from .search import SearchConfig, start_configs, tune_shape
     from tqdm import tqdm
 
@@ -392,6 +392,9 @@ def tune(args: argparse.Namespace, argv: Sequence[str], probe: Callable[[], Devi
         return 0
     print(table(results))
     print(f"copy ceiling: {copy_bw / 1e9:.0f} GB/s on {env.get('device', arch)}; DB: {db_path}")
+    warning = unsearched(results)
+    if warning:
+        print(warning)
     stopped = deadline.summary()
     if stopped:
         print(f"stopped by --deadline-s {args.deadline_s:g}: {stopped}")

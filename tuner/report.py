@@ -16,7 +16,7 @@ def _fmt(v: float | None, spec: str) -> str:
 
 
 def table(results: Iterable[ShapeResult]) -> str:
-    rows = [("family", "shape", "winner config", "time us", "% copy", "vs default", "vs start")]
+    rows = [("family", "shape", "winner config", "time us", "% copy", "vs default", "vs start", "timed")]
     for r in results:
         family = r.shape.family().key()
         config = r.winner.key()[len(family) + 1:] if r.winner else f"none: {r.note}"
@@ -25,9 +25,23 @@ def table(results: Iterable[ShapeResult]) -> str:
         vs_start = r.start_us / r.time_us if r.start_us and r.time_us else None
         rows.append((family, r.shape.key(), config + (" (stored)" if r.resumed else ""),
                      _fmt(r.time_us, ".2f"), _fmt(pct, ".1f"), _fmt(speed, ".3f") + ("x" if speed else ""),
-                     _fmt(vs_start, ".3f") + ("x" if vs_start else "")))
+                     _fmt(vs_start, ".3f") + ("x" if vs_start else ""),
+                     _fmt(r.timed(), "d") + (" (budget)" if r.budget_spent else "")))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def unsearched(results: Iterable[ShapeResult]) -> str | None:
+    """A warning naming the shapes where --budget-s ended the search after one candidate
+    timed (the start config, or the default): the winner is that kernel, not a search's
+    (sessions 72-76: a 6-second budget at a call of 1.2 ms timed only the start at bf16/f32
+    (16, 8192, 8192) in four runs). None where there is none."""
+    alone = [r for r in results if r.budget_spent and (r.timed() or 0) <= 1]
+    if not alone:
+        return None
+    return (f"{len(alone)} shapes not searched: --budget-s ended their search after one candidate timed, "
+            "which is their winner (a longer --budget-s searches them): "
+            + ", ".join(f"{r.shape.family().key()} ({r.shape.batch}, {r.shape.dim}, {r.shape.seqlen})" for r in alone))
 
 
 def result_dict(r: ShapeResult) -> dict[str, Any]:
@@ -39,7 +53,8 @@ def result_dict(r: ShapeResult) -> dict[str, Any]:
                 source_hash=r.winner.hash() if r.winner else None, epoch=EPOCH,
                 time_us=r.time_us, spread=r.spread, default_us=r.default_us, speedup=r.speedup,
                 start=r.start.key() if r.start else None, start_us=r.start_us,
-                copy_fraction=r.copy_fraction, counts=r.counts, resumed=r.resumed, note=r.note)
+                copy_fraction=r.copy_fraction, counts=r.counts, timed=r.timed(), budget_spent=r.budget_spent,
+                resumed=r.resumed, note=r.note)
 
 
 def write_report(path: str | Path, results: list[ShapeResult], **extra: Any) -> None:

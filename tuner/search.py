@@ -101,7 +101,14 @@ class ShapeResult:
     copy_fraction: float | None = None
     counts: dict[str, int] = field(default_factory=dict)
     resumed: bool = False         # the winner was already in the DB
+    budget_spent: bool = False    # --budget-s ended the search (not --trials nor the space)
     note: str = ""
+
+    def timed(self) -> int | None:
+        """Candidates timed at the shape (those that passed validation and those stopped
+        early as slow; with --resume, the resumed run's too); None for a winner read back
+        from the DB."""
+        return None if self.resumed else self.counts.get("ok", 0) + self.counts.get("slow", 0)
 
 
 def study_name(arch: str, shape: Shape) -> str:
@@ -153,6 +160,7 @@ class ShapeSearch:
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.on_trial = on_trial or (lambda o: None)
         self.known: dict[str, Outcome] = {}
+        self.budget_spent = False  # run_trials: --budget-s ended the search
         self.keys = (arch, self.family.key(), shape.key())
         self.study = optuna.create_study(study_name=study_name(arch, shape), storage=storage,
                                          sampler=make_sampler(self.family, arch, cfg),
@@ -237,6 +245,7 @@ class ShapeSearch:
         try:
             while True:
                 out_of_budget = self.cfg.budget_s is not None and time.monotonic() - start > self.cfg.budget_s
+                self.budget_spent = self.budget_spent or out_of_budget
                 if out_of_budget and pending:
                     self._abandon(pending)
                     break
@@ -399,7 +408,7 @@ class ShapeSearch:
         return still_tied
 
     def finalize(self) -> ShapeResult:
-        res = ShapeResult(self.shape, self.arch, default=self.default)
+        res = ShapeResult(self.shape, self.arch, default=self.default, budget_spent=self.budget_spent)
         for o in self.known.values():
             res.counts[o.status] = res.counts.get(o.status, 0) + 1
         ok = sorted((o for o in self.known.values() if o.status == "ok"), key=lambda o: o.time_us)
