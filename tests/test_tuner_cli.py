@@ -521,5 +521,5 @@ def test_a_run_names_the_shapes_its_budget_left_unsearched(tmp_path, capsys, mon
         header, row = out.splitlines()[:2]
         assert code == 0 and header.split()[-1] == "timed"
         assert row.endswith(" 1 (budget)") is named and "(budget)" in row
-        assert ("1 shapes not searched: --budget-s ended their search after one candidate timed" in out) is named
+        assert ("1 shape not searched: --budget-s ended the search after one candidate timed" in out) is named
         assert ("fwd.cf.bf16wf32.w4 (2, 256, 3000)" in out) is named

@@ -245,15 +245,17 @@ def test_a_budget_spent_after_one_candidate_is_named_as_not_searched(db):
     """Where --budget-s ends the search after one candidate timed, the table's "timed" column
     says so and the run's warning names the shape: its winner is that kernel, not a search's
     (sessions 72-76: four runs timed only the start at bf16/f32 (16, 8192, 8192)). A search
-    that --trials ends after one candidate, or one the budget let time several, is not named."""
+    that --trials ends after one candidate (its budget spent too), or one the budget let time
+    several, is not named."""
     from cc1d.tuner.report import result_dict, table, unsearched
     alone = tune_shape(CF, ARCH, FakeEvaluator(sleep_s=0.2), db, SearchConfig(trials=50, budget_s=0.05))
     assert alone.budget_spent and alone.timed() == 1 and alone.winner is not None
     assert table([alone]).splitlines()[-1].endswith(" 1 (budget)")
     assert result_dict(alone)["timed"] == 1 and result_dict(alone)["budget_spent"] is True
     warning = unsearched([alone])
-    assert warning.startswith("1 shapes not searched") and f"{CF.family().key()} (2, 256, 1024)" in warning
-    one_trial = tune_shape(CL, ARCH, FakeEvaluator(), db, SearchConfig(trials=1))
+    assert warning.startswith("1 shape not searched") and f"{CF.family().key()} (2, 256, 1024)" in warning
+    # one trial asked for, which outlasts the budget too: --trials ended that search
+    one_trial = tune_shape(CL, ARCH, FakeEvaluator(sleep_s=0.2), db, SearchConfig(trials=1, budget_s=0.05))
     several = tune_shape(CL, ARCH, FakeEvaluator(sleep_s=0.02), db, SearchConfig(trials=50, budget_s=0.15))
     assert not one_trial.budget_spent and one_trial.timed() == 1
     assert several.budget_spent and several.timed() > 1

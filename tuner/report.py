@@ -39,8 +39,8 @@ def unsearched(results: Iterable[ShapeResult]) -> str | None:
     alone = [r for r in results if r.budget_spent and (r.timed() or 0) <= 1]
     if not alone:
         return None
-    return (f"{len(alone)} shapes not searched: --budget-s ended their search after one candidate timed, "
-            "which is their winner (a longer --budget-s searches them): "
+    return (f"{len(alone)} shape{'s' if len(alone) > 1 else ''} not searched: --budget-s ended the search after "
+            "one candidate timed, which is the winner (a longer --budget-s searches them): "
             + ", ".join(f"{r.shape.family().key()} ({r.shape.batch}, {r.shape.dim}, {r.shape.seqlen})" for r in alone))
 
 

@@ -245,7 +245,9 @@ class ShapeSearch:
         try:
             while True:
                 out_of_budget = self.cfg.budget_s is not None and time.monotonic() - start > self.cfg.budget_s
-                self.budget_spent = self.budget_spent or out_of_budget
+                if out_of_budget and (pending or (self._attempted() < self.cfg.trials
+                                                  and len(self.known) < self.space_size)):
+                    self.budget_spent = True  # not where --trials or the space ended it anyway
                 if out_of_budget and pending:
                     self._abandon(pending)
                     break
