@@ -220,6 +220,10 @@ class ShapeSearch:
             return len(keys)
         return sum(o.status != "invalid" for o in self.known.values())
 
+    def _room(self, in_flight: int) -> bool:
+        """Whether --trials and the space leave a candidate to try beyond `in_flight` ones."""
+        return self._attempted() + in_flight < self.cfg.trials and len(self.known) + in_flight < self.space_size
+
     # ---- the trial loop ---------------------------------------------------------
 
     def run_trials(self) -> None:
@@ -245,15 +249,12 @@ class ShapeSearch:
         try:
             while True:
                 out_of_budget = self.cfg.budget_s is not None and time.monotonic() - start > self.cfg.budget_s
-                if out_of_budget and (pending or (self._attempted() < self.cfg.trials
-                                                  and len(self.known) < self.space_size)):
+                if out_of_budget and (pending or self._room(0)):
                     self.budget_spent = True  # not where --trials or the space ended it anyway
                 if out_of_budget and pending:
                     self._abandon(pending)
                     break
-                while (not out_of_budget and len(pending) < 1 + ahead
-                       and self._attempted() + len(pending) < self.cfg.trials
-                       and len(self.known) + len(pending) < self.space_size
+                while (not out_of_budget and len(pending) < 1 + ahead and self._room(len(pending))
                        and asks < 20 * self.space_size):
                     asks += 1
                     trial = self.study.ask(self.dists)
