@@ -46,6 +46,17 @@ def _torch_dtype(name: str):
     return {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
+def _randn(size: tuple[int, ...], seed: int, stream: int, dtype: Any, device: Any) -> Any:
+    """Normal samples of a problem's large tensor (x, dout), drawn on `device` by its own
+    generator (seed and stream: the tensor's; a stream apart from the CPU generator's that
+    draws the small ones). Drawn on the CPU and copied, x at (16, 8192, 8192) took seconds,
+    which every candidate's validation spent again (its fresh inputs): a 6-second tuning
+    budget timed one candidate there (sessions 72-76)."""
+    import torch
+    gen = torch.Generator(device=device).manual_seed(seed * 16 + stream)
+    return torch.randn(size, generator=gen, device=device, dtype=dtype)
+
+
 class FwdProblem:
     op = "fwd"
 
@@ -63,9 +74,9 @@ class FwdProblem:
         xd, wd = _torch_dtype(shape.x_dtype), _torch_dtype(shape.w_dtype)
         b, d, l, w = shape.batch, shape.dim, shape.seqlen, shape.width
         if shape.layout == "cf":
-            x = torch.randn(b, d, l, generator=gen).to(xd).to(device)
+            x = _randn((b, d, l), seed, 1, xd, device)
         else:  # channel-last: (batch, seqlen, dim) memory viewed as (batch, dim, seqlen)
-            x = torch.randn(b, l, d, generator=gen).to(xd).to(device).transpose(1, 2)
+            x = _randn((b, l, d), seed, 1, xd, device).transpose(1, 2)
         inputs = dict(x=x, weight=(torch.randn(d, w, generator=gen) / w ** 0.5).to(wd).to(device),
                       bias=None, seq_idx=None, initial_states=None)
         if shape.bias:
@@ -177,9 +188,9 @@ class BwdProblem:
         xd = _torch_dtype(shape.x_dtype)
         b, d, l = shape.batch, shape.dim, shape.seqlen
         if shape.layout == "cf":
-            inputs["dout"] = torch.randn(b, d, l, generator=gen).to(xd).to(device)
+            inputs["dout"] = _randn((b, d, l), seed, 2, xd, device)
         else:
-            inputs["dout"] = torch.randn(b, l, d, generator=gen).to(xd).to(device).transpose(1, 2)
+            inputs["dout"] = _randn((b, l, d), seed, 2, xd, device).transpose(1, 2)
         inputs["dfinal_states"] = None
         if shape.final_states:
             inputs["dfinal_states"] = torch.randn(b, d, shape.width - 1, generator=gen).to(xd).to(device)
@@ -306,9 +317,9 @@ class VarlenProblem:
         lens = varlen_lengths(n, total)
         cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(n)], dtype=torch.int32)
         if shape.layout == "cf":
-            x = torch.randn(d, total, generator=gen).to(xd).to(device)
+            x = _randn((d, total), seed, 1, xd, device)
         else:  # (total_tokens, dim) memory viewed as (dim, total_tokens)
-            x = torch.randn(total, d, generator=gen).to(xd).to(device).t()
+            x = _randn((total, d), seed, 1, xd, device).t()
         inputs = dict(x=x, weight=(torch.randn(d, w, generator=gen) / w ** 0.5).to(wd).to(device),
                       bias=torch.randn(d, generator=gen).to(wd).to(device) if shape.bias else None,
                       cu_seqlens=cu.to(device), pool=None, cache_indices=None, has_initial_state=None)
