@@ -4,7 +4,9 @@
 # of the variants the merge adds (benchmarks/new_variants.py), and the calls the merge moved
 # (the new entries' own first) timed through the DB before and after and the peer
 # (benchmarks/bench_moves.py: at most MOVES_MAX calls, 0 skipping it; where MOVES_S is set,
-# none started after that many seconds). $OUT (default /tmp/cc1d-out) gets at most seven
+# none started after that many seconds; a run whose merge moves more calls than MOVES_MAX,
+# as merge.log says, leaves the rest untimed: raise it or time them in a call of their own,
+# as session 77 did). $OUT (default /tmp/cc1d-out) gets at most seven
 # files, fewer than the device tool's eight: tune.log, tune.db (the run's own DB), merge.log,
 # tests.log, moves.log, moves.json and slowed.yaml (the calls the merge slowed, as a shapes
 # file for the next run; only where some did). Then, on
