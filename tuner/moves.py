@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from itertools import product, zip_longest
 from typing import Any, Callable, Iterable, Iterator
 
-from .db import TuningDB, family_from_key
+from .db import TuningDB, family_from_key, winner_shape
 from .serving import serve_from
 from .shapes import Shape
 
@@ -138,9 +138,8 @@ def changed_entries(before: Rows, after: Rows) -> list[Move]:
     moves = []
     for (arch, fkey), rows in sorted(after.items()):
         old = before.get((arch, fkey), [])
-        family = family_from_key(fkey)
         for r in sorted(rows, key=lambda r: (r["features"], r["batch"], r["dim"], r["seqlen"])):
-            shape = Shape.of(family, r["batch"], r["dim"], r["seqlen"], [f for f in r["features"].split(",") if f])
+            shape = winner_shape(r)
             was = serve_from(old, arch, shape)["variant_key"] if old else None
             if was != r["variant_key"]:
                 moves.append(Move(arch, fkey, r["features"], (r["batch"], r["dim"], r["seqlen"]), was,
