@@ -157,6 +157,12 @@ int64_t cf_segment_positions(const KernelVariant& v, const std::string& arch) {
   return int64_t(v.tile_l) * std::min(per_row, warp) / per_row;
 }
 
+// Whether v's channel-first backward segments are walked (a row's lanes step through its
+// segment together), from the marker its template states (bwd_channel_first.cu.j2).
+bool walked_segments(const KernelVariant& v) {
+  return v.source.find("#define CC1D_BWD_WALKED 1") != std::string::npos;
+}
+
 // Why v's tiling fits the call poorly, for explain's detail; empty where it fits. Channel-last
 // forward and backward tiles are misfits too where one is more than twice the sequence.
 std::string tiling_misfit(const Call& p, const std::string& arch, const KernelVariant& v) {
@@ -175,8 +181,7 @@ std::string tiling_misfit(const Call& p, const std::string& arch, const KernelVa
   // Walked backward segments on aligned rows (the plain build, or the walk-cut build where
   // it serves) take a shorter sequence well; their source marker is looked up only then, not
   // for every ranked entry.
-  if (p.seqlen < seg && !(p.op == Op::bwd && p.align % v.align_bytes == 0 &&
-                          v.source.find("#define CC1D_BWD_WALKED 1") != std::string::npos))
+  if (p.seqlen < seg && !(p.op == Op::bwd && p.align % v.align_bytes == 0 && walked_segments(v)))
     return "its kernel's segments (" + std::to_string(seg) + " positions) are longer than this call's sequence, "
            "so no row runs a whole segment on the fast path";
   const int64_t segments = int64_t(v.tile_l) / seg;  // side by side in a block, per row
@@ -280,8 +285,7 @@ bool cut_segment_call(const Call& p, const std::string& arch) {
 // Whether v has a walk-cut build: a plain channel-first backward variant whose segments are
 // walked, from templates that know the build.
 bool walk_cuttable(const KernelVariant& v) {
-  return v.key.rfind("bwd.cf.", 0) == 0 && !is_realigned(v) && !is_walk_cut(v) &&
-         v.source.find("#define CC1D_BWD_WALKED 1") != std::string::npos &&
+  return v.key.rfind("bwd.cf.", 0) == 0 && !is_realigned(v) && !is_walk_cut(v) && walked_segments(v) &&
          v.source.find("CC1D_BWD_WALK_CUT") != std::string::npos;
 }
 
