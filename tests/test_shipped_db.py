@@ -103,16 +103,24 @@ def test_installed_with_the_package(shipped):
 
 # ---- the runtime reads them -------------------------------------------------------
 
+def _apart(b: int, d: int, n: int) -> int:
+    """How far apart call_for's fake addresses lie: 4 GiB, or for a problem whose (b, d, n)
+    tensor of 4-byte elements is larger, the power of two above its size, so that no two
+    overlap (the runtime refuses dx over dout, say)."""
+    return max(1 << 32, 1 << (4 * b * d * n - 1).bit_length())
+
+
 def call_for(family_key: str, batch: int, dim: int, seqlen: int, features: str) -> list:
     """["fwd"|"bwd", explain_*'s arguments...] for contiguous tensors of a tuned problem
-    (what the tuner measured on), at fake addresses 4 GiB apart (explain touches no memory)."""
+    (what the tuner measured on), at fake addresses 4 GiB or more apart (_apart; explain
+    touches no memory)."""
     fam = family_from_key(family_key)
     feats = {f for f in features.split(",") if f}
     b, d, n, w = batch, dim, seqlen, fam.width
     act = (d * n, n, 1) if fam.layout == "cf" else (d * n, 1, d)
     state = (d * (w - 1), w - 1, 1)
     used = (True, True, "bias" in feats, "seqidx" in feats, "init" in feats, True, "final" in feats)
-    ptrs = [(i + 1 << 32) * u for i, u in enumerate(used)]  # 4 GiB apart: out overlaps nothing
+    ptrs = [(i + 1) * _apart(b, d, n) * u for i, u in enumerate(used)]  # out overlaps nothing
     strides = [*act, w, 1, int("bias" in feats), *act, *((n, 1) if "seqidx" in feats else (0, 0)),
                *(state if "init" in feats else (0, 0, 0)), *(state if "final" in feats else (0, 0, 0))]
     if fam.op == "bwd":
@@ -157,14 +165,14 @@ def varlen_call_for(fam, seqs: int, d: int, total: int, feats: set) -> list:
 
 
 def bwd_call_for(fam, b: int, d: int, n: int, feats: set) -> list:
-    """explain_bwd's arguments, as call_for's (addresses 4 GiB apart): x, dout and dx alike; dinitial_states with
+    """explain_bwd's arguments, as call_for's (addresses _apart): x, dout and dx alike; dinitial_states with
     initial_states; "final" = dfinal_states given."""
     w = fam.width
     act = (d * n, n, 1) if fam.layout == "cf" else (d * n, 1, d)
     state = (d * (w - 1), w - 1, 1)
     init, final, seq = "init" in feats, "final" in feats, "seqidx" in feats
     used = (True, True, "bias" in feats, seq, init, True, final, True, init, True, "bias" in feats, True)
-    ptrs = [(i + 1 << 32) * u for i, u in enumerate(used)]  # 4 GiB apart: dx overlaps nothing
+    ptrs = [(i + 1) * _apart(b, d, n) * u for i, u in enumerate(used)]  # dx overlaps nothing
     none3 = (0, 0, 0)
     strides = [*act, w, 1, int("bias" in feats), *act, *act, *((n, 1) if seq else (0, 0)),
                *(state if init else none3), *(state if final else none3), *(state if init else none3),
