@@ -14,14 +14,17 @@ end cuts a segment).
     python benchmarks/probe_variants.py --shape fwd,cf,bf16/bf16,4,8,5120,2048 \\
         fwd.cf.bf16wbf16.w4.t64.v16.n4.r1.hshfl  fwd.cf.bf16wbf16.w4.t64.v16.n4.r1.hshfl@my.cu \\
         fwd.cf.bf16wbf16.w4.t64.v16.n4.r1.hshfl@../main/templates [--rounds 3] \\
-        [--sass-dir DIR] [--no-silu] [--peer]
+        [--sass-dir DIR] [--no-silu] [--seq-idx] [--peer]
 
 --rounds N times every candidate N times, the order reversed each round (so a
 drifting clock does not favour one side), and prints each round's time.
 
 --peer also times causal-conv1d's forward or backward on the same inputs (forward
 and backward shapes, where it is installed), so a candidate's speed can be read
-against the peer's in the same run.
+against the peer's in the same run; a call it rejects (channel-first seq_idx) is a row saying so.
+
+--seq-idx probes calls with seq_idx (sequence ids drawn as the tuner draws them); a backward
+candidate then runs, and reports the registers of, its seq_idx build, as the runtime does.
 """
 from __future__ import annotations
 
@@ -48,11 +51,18 @@ from cc1d.tuner.problems import problem_for
 from cc1d.tuner.shapes import Shape
 
 
-def parse_shape(text: str, silu: bool) -> Shape:
+def parse_shape(text: str, silu: bool, seq_idx: bool = False) -> Shape:
     op, layout, dtypes, width, b, d, l = text.split(",")
     xd, _, wd = dtypes.partition("/")
     return Shape(op, layout, xd, wd or xd, int(width), int(b), int(d), int(l),
-                 activation="silu" if silu else "none")
+                 activation="silu" if silu else "none", seq_idx=seq_idx)
+
+
+def compile_options(shape: Shape) -> list[str]:
+    """The options the runtime adds when it compiles a candidate for this shape's calls: a
+    backward with seq_idx runs its variant's seq_idx build (runtime/src/backward.cpp
+    bwd_seq_build_options), so its registers are that build's."""
+    return ["-DCC1D_BWD_SEQ_TILES=1"] if shape.op == "bwd" and shape.seq_idx else []
 
 
 def variant_from_key(key: str) -> Variant:
@@ -87,8 +97,8 @@ def kernel_dict(spec: str) -> tuple[str, dict]:
     return kernel["key"], kernel
 
 
-def resources(source: str, sass_dir: Path | None, name: str) -> str:
-    binary, log = _cc1d.compile(source, "sm_90", ["--ptxas-options=-v"])
+def resources(source: str, sass_dir: Path | None, name: str, options: list[str]) -> str:
+    binary, log = _cc1d.compile(source, "sm_90", ["--ptxas-options=-v", *options])
     used = "; ".join(m.strip() for m in re.findall(r"Used [^\n]*", log))
     if sass_dir is not None:
         sass_dir.mkdir(parents=True, exist_ok=True)
@@ -129,7 +139,12 @@ def print_peer_row(shape: Shape, sets: list, nbytes: int, ceiling: float) -> Non
     if fns is None:
         print("| causal-conv1d (not installed) | — | — | — | — |")
         return
-    us = graph_time_us(fns)
+    try:
+        us = graph_time_us(fns)
+    except Exception as exc:  # a call it rejects, e.g. channel-first seq_idx
+        print(f"| causal-conv1d (failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}) "
+              "| — | — | — | — |", flush=True)
+        return
     print(f"| causal-conv1d | {us:.1f} | {100 * nbytes / us / 1e3 / ceiling:.0f} % | — | — |", flush=True)
 
 
@@ -137,14 +152,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", required=True, help="op,layout,x/w dtypes,width,batch,dim,seqlen")
     ap.add_argument("--no-silu", action="store_true")
+    ap.add_argument("--seq-idx", action="store_true",
+                    help="calls with seq_idx (packed sequences; fwd and bwd shapes): a backward runs the "
+                         "candidates' seq_idx build, as the runtime does")
     ap.add_argument("--sass-dir", type=Path)
     ap.add_argument("--peer", action="store_true", help="time causal-conv1d's forward or backward too (fwd, bwd shapes)")
     ap.add_argument("--rounds", type=int, default=1, help="times each candidate is timed, interleaved (default 1)")
     ap.add_argument("candidates", nargs="+", help="KEY, KEY@FILE.cu or KEY@TEMPLATES_DIR")
     args = ap.parse_args()
-    shape = parse_shape(args.shape, not args.no_silu)
+    shape = parse_shape(args.shape, not args.no_silu, args.seq_idx)
     if args.peer and shape.op not in ("fwd", "bwd"):
         ap.error(f"--peer: causal-conv1d is timed for fwd and bwd shapes, got op {shape.op!r}")
+    if args.seq_idx and shape.op not in ("fwd", "bwd"):
+        ap.error(f"--seq-idx: seq_idx is a feature of fwd and bwd shapes, got op {shape.op!r}")
     if args.rounds < 1:
         ap.error(f"--rounds: expected a whole number >= 1, got {args.rounds}")
     kernels = []
@@ -158,7 +178,8 @@ def main() -> None:
     sets = input_sets(problem, shape)
     ref = problem.reference(shape, sets[0][0])
     ceiling = copy_ceiling_gbps()
-    print(f"{torch.cuda.get_device_name()}; copy {ceiling:.0f} GB/s; {args.shape} silu={not args.no_silu}")
+    print(f"{torch.cuda.get_device_name()}; copy {ceiling:.0f} GB/s; {args.shape} silu={not args.no_silu}"
+          f"{' seq_idx' if args.seq_idx else ''}")
     print("| candidate | µs | % copy | rel err | registers |")
     print("|---|---|---|---|---|")
     if args.peer:
@@ -166,7 +187,7 @@ def main() -> None:
     stream = torch.cuda.current_stream().cuda_stream
     checked = []  # (name, launches, rel err, registers) of each candidate
     for name, kernel in kernels:
-        used = resources(kernel["source"], args.sass_dir, name)
+        used = resources(kernel["source"], args.sass_dir, name, compile_options(shape))
         # Fresh inputs (sets[0]'s seed) for each candidate: the update writes its state
         # in place, so sets[0] after an earlier candidate's timing no longer matches ref.
         inputs = problem.make_inputs(shape, seed=0)

@@ -117,3 +117,54 @@ def test_a_walkcut_key_is_the_variants_walk_cut_build_as_the_runtime_makes_it():
     res = _run(f"{KEY}.walkcut")
     assert res.returncode == 2, res.stdout + res.stderr
     assert f"candidate '{KEY}.walkcut': ValueError" in res.stderr and "has no walk-cut build" in res.stderr
+
+
+def test_seq_idx_is_refused_for_an_update_shape():
+    res = subprocess.run([sys.executable, str(SCRIPT), "--shape", "upd,cl,bf16/bf16,4,5,1000,1", "--seq-idx",
+                          "upd.cl.bf16wbf16.w4.t128.v8.r2.oafter.g255"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "--seq-idx: seq_idx is a feature of fwd and bwd shapes, got op 'upd'" in res.stderr
+
+
+def test_seq_idx_shapes_compile_the_backward_candidates_seq_idx_build(monkeypatch):
+    """--seq-idx: the shape carries seq_idx, and a backward candidate's registers are those of
+    its seq_idx build, compiled with the option the runtime adds (runtime/src/backward.cpp)."""
+    probe_variants = _probe()
+    bwd = probe_variants.parse_shape("bwd,cf,bf16/bf16,4,2,64,300", True, seq_idx=True)
+    assert bwd.seq_idx and bwd.key().endswith(".seqidx")
+    assert not probe_variants.parse_shape("bwd,cf,bf16/bf16,4,2,64,300", True).seq_idx
+    option = "-DCC1D_BWD_SEQ_TILES=1"
+    runtime_source = (SCRIPT.parents[1] / "runtime" / "src" / "backward.cpp").read_text()
+    assert f'options{{"{option}"}}' in runtime_source
+    assert probe_variants.compile_options(bwd) == [option]
+    for other in ("bwd,cf,bf16/bf16,4,2,64,300", "bwd,cl,bf16/bf16,4,2,64,300"):
+        assert probe_variants.compile_options(probe_variants.parse_shape(other, True)) == []
+    # The forward has no seq_idx build: its seq_idx calls run the plain one.
+    assert probe_variants.compile_options(probe_variants.parse_shape("fwd,cf,bf16/bf16,4,2,64,300", True,
+                                                                     seq_idx=True)) == []
+    seen = []
+
+    class FakeRuntime:
+        @staticmethod
+        def compile(source, arch, options):
+            seen.append((arch, list(options)))
+            return b"", "ptxas info    : Used 40 registers"
+
+    monkeypatch.setattr(probe_variants, "_cc1d", FakeRuntime)
+    used = probe_variants.resources("// src", None, KEY, probe_variants.compile_options(bwd))
+    assert seen == [("sm_90", ["--ptxas-options=-v", option])] and used == "Used 40 registers"
+
+
+def test_a_call_the_peer_rejects_is_a_row_saying_so(monkeypatch, capsys):
+    """The peer's rejection (channel-first seq_idx) prints as its row; the candidates still run."""
+    probe_variants = _probe()
+    monkeypatch.setattr(probe_variants, "peer_calls", lambda shape, sets: [lambda: None])
+
+    def rejects(fns):
+        raise RuntimeError("seq_idx only supported for channel last layout\nmore detail")
+
+    monkeypatch.setattr(probe_variants, "graph_time_us", rejects)
+    shape = probe_variants.parse_shape("bwd,cf,bf16/bf16,4,2,64,300", True, seq_idx=True)
+    probe_variants.print_peer_row(shape, [], 1, 1.0)
+    assert capsys.readouterr().out == \
+        "| causal-conv1d (failed: seq_idx only supported for channel last layout) | — | — | — | — |\n"
