@@ -9,7 +9,10 @@
 # as session 77 did). $OUT (default /tmp/cc1d-out) gets at most seven
 # files, fewer than the device tool's eight: tune.log, tune.db (the run's own DB), merge.log,
 # tests.log, moves.log, moves.json and slowed.yaml (the calls the merge slowed, as a shapes
-# file for the next run; only where some did). Then, on
+# file for the next run; only where some did). The eight count every file under the call's
+# $OUT, subfolders included: a call that writes more than one file beside these loses some
+# (session 78's seq_idx run, in a subfolder beside five others, came back without its
+# tune.log). Then, on
 # the CPU machine, as tuning_db/README.md says:
 #   cc1d-tune db merge --db tuning_db/sm_90.db tune.db; cc1d-tune db finalize --drop-trials ...;
 #   cc1d-tune db validate --compile ...; and add the shapes the guard printed to the shapes file.
