@@ -60,9 +60,9 @@ def parse_shape(text: str, silu: bool, seq_idx: bool = False) -> Shape:
 
 def compile_options(shape: Shape) -> list[str]:
     """The options the runtime adds when it compiles a candidate for this shape's calls: a
-    backward with seq_idx runs its variant's seq_idx build (runtime/src/backward.cpp
+    backward with seq_idx runs its variant's seq_idx build (the runtime's
     bwd_seq_build_options), so its registers are that build's."""
-    return ["-DCC1D_BWD_SEQ_TILES=1"] if shape.op == "bwd" and shape.seq_idx else []
+    return list(_cc1d.bwd_seq_build_options()) if shape.op == "bwd" and shape.seq_idx else []
 
 
 def variant_from_key(key: str) -> Variant:

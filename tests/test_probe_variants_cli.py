@@ -136,12 +136,13 @@ def test_seq_idx_shapes_compile_the_backward_candidates_seq_idx_build(monkeypatc
     option = "-DCC1D_BWD_SEQ_TILES=1"
     runtime_source = (SCRIPT.parents[1] / "runtime" / "src" / "backward.cpp").read_text()
     assert f'options{{"{option}"}}' in runtime_source
-    assert probe_variants.compile_options(bwd) == [option]
+    assert probe_variants.compile_options(bwd) == [option] == list(probe_variants._cc1d.bwd_seq_build_options())
     for other in ("bwd,cf,bf16/bf16,4,2,64,300", "bwd,cl,bf16/bf16,4,2,64,300"):
         assert probe_variants.compile_options(probe_variants.parse_shape(other, True)) == []
     # The forward has no seq_idx build: its seq_idx calls run the plain one.
     assert probe_variants.compile_options(probe_variants.parse_shape("fwd,cf,bf16/bf16,4,2,64,300", True,
                                                                      seq_idx=True)) == []
+    seq_options = probe_variants.compile_options(bwd)  # before the runtime is faked below
     seen = []
 
     class FakeRuntime:
@@ -151,7 +152,7 @@ def test_seq_idx_shapes_compile_the_backward_candidates_seq_idx_build(monkeypatc
             return b"", "ptxas info    : Used 40 registers"
 
     monkeypatch.setattr(probe_variants, "_cc1d", FakeRuntime)
-    used = probe_variants.resources("// src", None, KEY, probe_variants.compile_options(bwd))
+    used = probe_variants.resources("// src", None, KEY, seq_options)
     assert seen == [("sm_90", ["--ptxas-options=-v", option])] and used == "Used 40 registers"
 
 

@@ -117,18 +117,19 @@ def call_for(family_key: str, batch: int, dim: int, seqlen: int, features: str) 
     fam = family_from_key(family_key)
     feats = {f for f in features.split(",") if f}
     b, d, n, w = batch, dim, seqlen, fam.width
-    act = (d * n, n, 1) if fam.layout == "cf" else (d * n, 1, d)
-    state = (d * (w - 1), w - 1, 1)
-    used = (True, True, "bias" in feats, "seqidx" in feats, "init" in feats, True, "final" in feats)
-    ptrs = [(i + 1) * _apart(b, d, n) * u for i, u in enumerate(used)]  # out overlaps nothing
-    strides = [*act, w, 1, int("bias" in feats), *act, *((n, 1) if "seqidx" in feats else (0, 0)),
-               *(state if "init" in feats else (0, 0, 0)), *(state if "final" in feats else (0, 0, 0))]
     if fam.op == "bwd":
         return ["bwd", *bwd_call_for(fam, b, d, n, feats)]
     if fam.op == "upd":
         return ["upd", *upd_call_for(fam, b, d, n, feats)]
     if fam.op == "vfwd":
         return ["vfwd", *varlen_call_for(fam, b, d, n, feats)]
+    act = (d * n, n, 1) if fam.layout == "cf" else (d * n, 1, d)
+    state = (d * (w - 1), w - 1, 1)
+    used = (True, True, "bias" in feats, "seqidx" in feats, "init" in feats, True, "final" in feats)
+    apart = _apart(b, d, n)
+    ptrs = [(i + 1) * apart * u for i, u in enumerate(used)]  # out overlaps nothing
+    strides = [*act, w, 1, int("bias" in feats), *act, *((n, 1) if "seqidx" in feats else (0, 0)),
+               *(state if "init" in feats else (0, 0, 0)), *(state if "final" in feats else (0, 0, 0))]
     return ["fwd", ptrs, [b, d, n, w], strides, DTYPE_CODES[fam.x_dtype], DTYPE_CODES[fam.w_dtype],
             "silu" in feats]
 
@@ -172,7 +173,8 @@ def bwd_call_for(fam, b: int, d: int, n: int, feats: set) -> list:
     state = (d * (w - 1), w - 1, 1)
     init, final, seq = "init" in feats, "final" in feats, "seqidx" in feats
     used = (True, True, "bias" in feats, seq, init, True, final, True, init, True, "bias" in feats, True)
-    ptrs = [(i + 1) * _apart(b, d, n) * u for i, u in enumerate(used)]  # dx overlaps nothing
+    apart = _apart(b, d, n)
+    ptrs = [(i + 1) * apart * u for i, u in enumerate(used)]  # dx overlaps nothing
     none3 = (0, 0, 0)
     strides = [*act, w, 1, int("bias" in feats), *act, *act, *((n, 1) if seq else (0, 0)),
                *(state if init else none3), *(state if final else none3), *(state if init else none3),
