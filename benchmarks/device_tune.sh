@@ -6,7 +6,9 @@
 # (benchmarks/bench_moves.py: at most MOVES_MAX calls, 0 skipping it; where MOVES_S is set,
 # none started after that many seconds; a run whose merge moves more calls than MOVES_MAX,
 # as merge.log says, leaves the rest untimed: raise it or time them in a call of their own,
-# as session 77 did). $OUT (default /tmp/cc1d-out) gets at most seven
+# as session 77 did; MOVES_BEFORE=DB times them against DB instead of the shipped DB as the run
+# found it, say the DB from before winners were dropped to be re-tuned after a template change,
+# tuning_db/README.md). $OUT (default /tmp/cc1d-out) gets at most seven
 # files, fewer than the device tool's eight: tune.log, tune.db (the run's own DB), merge.log,
 # tests.log, moves.log, moves.json and slowed.yaml (the calls the merge slowed, as a shapes
 # file for the next run; only where some did). The eight count every file under the call's
@@ -17,13 +19,18 @@
 #   cc1d-tune db merge --db tuning_db/sm_90.db tune.db; cc1d-tune db finalize --drop-trials ...;
 #   cc1d-tune db validate --compile ...; and add the shapes the guard printed to the shapes file.
 # The merge here is never shipped: it serves only the tests and the timing.
-#   [DEADLINE_S=300] [TRIALS=24] [BUDGET_S=30] [MOVES_MAX=40] [MOVES_S=] bash benchmarks/device_tune.sh SHAPES.yaml [cc1d-tune args...]
+#   [DEADLINE_S=300] [TRIALS=24] [BUDGET_S=30] [MOVES_MAX=40] [MOVES_S=] [MOVES_BEFORE=] bash benchmarks/device_tune.sh SHAPES.yaml [cc1d-tune args...]
 # e.g. bash benchmarks/device_tune.sh slowed.yaml --ops bwd --guard-max-calls 24
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 [ $# -ge 1 ] && [ -f "$1" ] || { echo "device_tune.sh: expected a shapes file as the first argument, got '${1:-}'" >&2
                                  exit 2; }
 SHAPES=$(realpath "$1"); shift
+if [ -n "${MOVES_BEFORE:-}" ]; then
+  [ -f "$MOVES_BEFORE" ] || { echo "device_tune.sh: MOVES_BEFORE: expected a tuning DB file, got '$MOVES_BEFORE' (no such file)" >&2
+                              exit 2; }
+  MOVES_BEFORE=$(realpath "$MOVES_BEFORE")
+fi
 OUT=${OUT:-/tmp/cc1d-out}; mkdir -p "$OUT"; OUT=$(realpath "$OUT")
 REPO=$(pwd)
 T0=$(date +%s)
@@ -70,7 +77,7 @@ fi
 if [ "${MOVES_MAX:-40}" -gt 0 ]; then
   install_peer device_tune.sh
   rm -f "$OUT/slowed.yaml"  # a new file for --shapes-out, where $OUT is reused
-  python3 benchmarks/bench_moves.py --before "$BEFORE" --after "$DB" --entries --max-calls "${MOVES_MAX:-40}" \
+  python3 benchmarks/bench_moves.py --before "${MOVES_BEFORE:-$BEFORE}" --after "$DB" --entries --max-calls "${MOVES_MAX:-40}" \
     ${MOVES_S:+--deadline-s "$MOVES_S"} --out "$OUT/moves.json" --shapes-out "$OUT/slowed.yaml" \
     >"$OUT/moves.log" 2>&1 || status=1
   grep -A30 "^| family | served after" "$OUT/moves.log" | tail -n +3

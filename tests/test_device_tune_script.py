@@ -180,3 +180,23 @@ def test_a_failed_variant_test_fails_the_run_after_its_moves_are_timed(tmp_path)
     res, calls = _fake_run(tmp_path, "bwd.cf.x", TESTS_FAIL="1")
     assert res.returncode == 1, res.stdout + res.stderr
     assert any(c.startswith("benchmarks/bench_moves.py") for c in calls)
+
+
+def test_moves_before_times_the_moves_against_another_db(tmp_path):
+    """MOVES_BEFORE: the moves are timed against that DB (say the one from before winners were
+    dropped to be re-tuned), not the copy of the shipped DB the run started from."""
+    before = tmp_path / "start.db"
+    before.write_text("")
+    res, calls = _fake_run(tmp_path, "", MOVES_BEFORE=str(before))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert calls[_step(calls, "benchmarks/bench_moves.py")].startswith(f"benchmarks/bench_moves.py --before {before} ")
+
+
+def test_a_missing_moves_before_db_is_refused_before_the_build(tmp_path):
+    (tmp_path / "s.yaml").write_text("shapes: []\n")
+    res = subprocess.run(["bash", str(SCRIPT), "s.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"),
+                              "MOVES_BEFORE": str(tmp_path / "nope.db")})
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"MOVES_BEFORE: expected a tuning DB file, got '{tmp_path / 'nope.db'}' (no such file)" in res.stderr
+    assert not (tmp_path / "out").exists()
