@@ -14,7 +14,10 @@ left out and the moves listed again, until none is; each run's DB less those win
 written there, to `cc1d-tune db merge` into the shipped DB. The summary is the pruned
 merge's: per family the calls that change kernel, those timed under both kernels, their
 geometric mean speed after against before, how many are faster or slower by more than
-3 %, and how many are behind the peer (where it was timed) before and after. With
+3 %, and how many are behind the peer (where it was timed) before and after. Above it,
+each moved call that no timing covers under both kernels is listed, marked where the
+pruning itself made the move (a winner left out hands its calls to the nearest other entry,
+whose kernel no run timed there): time those before shipping. With
 --behind-out, every timed call (moved or not) whose kernel after the merge ran more than
 3 % slower than the peer there is written as a shapes file, worst first: the next run's.
 With --slowed-out, the slowed calls (those that left a winner out, with --out-dir; else the
@@ -44,6 +47,7 @@ from pathlib import Path
 from bench_moves import (kernel_key, moves_between, new_file_error,  # a sibling script: run as benchmarks/prune_runs.py
                          write_shapes_file)
 from cc1d.tuner.guard import SLOWER  # above this ratio, slowed: the guard's and bench_moves.py's 3 %
+from cc1d.tuner.moves import Move, short_variant
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -184,18 +188,23 @@ def slowed(row: dict) -> bool:
         row["after_us"] > SLOWER * row["before_us"]
 
 
-def prune(before: Path, runs: list[Path], times: dict, folder: Path) -> tuple[set, list[dict], list[dict], Path]:
+def prune(before: Path, runs: list[Path], times: dict,
+          folder: Path) -> tuple[set, list[dict], list[dict], Path, set[Move]]:
     """Leave out every winner that serves a timed call slowed by more than 3 %, until the
     merge less them slows none. Returns what was left out, the calls that made it so (as
-    first found), the pruned merge's moved calls and the pruned merge."""
+    first found), the pruned merge's moved calls, the pruned merge, and the unpruned
+    merge's moves (against which untimed_lines names the moves the pruning made)."""
     left_out: set[tuple[str, str, str]] = set()
     why: list[dict] = []
+    unpruned: set[Move] | None = None
     while True:
         after = merged(before, runs, left_out, folder)
         rows = assess(before, after, times)
+        if unpruned is None:
+            unpruned = {r["move"] for r in rows}
         bad = [r for r in rows if slowed(r)]
         if not bad:
-            return left_out, why, rows, after
+            return left_out, why, rows, after, unpruned
         why += bad
         left_out |= {(r["move"].arch, r["move"].family_key, r["move"].after_shape) for r in bad}
 
@@ -205,7 +214,6 @@ def behind_calls(after: Path, arch: str, times: dict) -> list[tuple[float, objec
     there, else the family's default) ran more than 3 % slower than the peer, as (its speed
     against the peer, its shape), slowest first."""
     from cc1d.tuner.db import TuningDB
-    from cc1d.tuner.moves import Move
     from cc1d.tuner.serving import served_winner
     out = []
     with TuningDB(after, readonly=True) as db:
@@ -236,6 +244,22 @@ def write_slowed(path: Path, rows: list[dict], header: str) -> int:
         (r["move"].shape, f"{kernel_key(r['move'].family_key, r['move'].before)} {r['before_us']:.1f} -> "
                           f"{r['after_us']:.1f} µs (the {r['move'].after_shape} entry's)") for r in first.values()])
     return len(first)
+
+
+def untimed_lines(rows: list[dict], unpruned: set[Move] | None) -> list[str]:
+    """The moved calls not timed under both kernels, one line each: the summary counts them
+    but nothing vouches for them. Where `unpruned` (the unpruned merge's moves) is given, a
+    move it lacks is marked as the pruning's own: with a winner left out, the call went to
+    another entry's kernel, which no run timed there (session 80: (4, 2048, 1000), 0.86x)."""
+    out = []
+    for r in rows:
+        if r["before_us"] is not None and r["after_us"] is not None:
+            continue
+        m = r["move"]
+        made = " (a move the pruning made)" if unpruned is not None and m not in unpruned else ""
+        out.append(f"untimed: {m.family_key} {m.call} {short_variant(m.before, m.family_key)} -> "
+                   f"{short_variant(m.after, m.family_key)} (the {m.after_shape} entry's){made}")
+    return out
 
 
 def summary_lines(rows: list[dict]) -> list[str]:
@@ -270,11 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="cc1d-prune-") as tmp:
         folder = Path(tmp)
         if args.out_dir is None:
-            left_out, why = set(), []
+            left_out, why, unpruned = set(), [], None
             after = merged(args.before, args.runs, left_out, folder)
             rows = assess(args.before, after, times)
         else:
-            left_out, why, rows, after = prune(args.before, args.runs, times, folder)
+            left_out, why, rows, after, unpruned = prune(args.before, args.runs, times, folder)
             args.out_dir.mkdir(parents=True)
             for i, run in enumerate(args.runs):
                 pruned_copy(run, left_out, args.out_dir / f"{i + 1}-{run.name}")
@@ -304,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
             m = r["move"]
             print(f"slowed: {m.family_key} {m.call} {r['before_us']:.1f} -> {r['after_us']:.1f} µs "
                   f"(served by the {m.after_shape} entry)")
+    untimed = untimed_lines(rows, unpruned)
+    print("\n".join(untimed))
+    if untimed:
+        print(f"{len(untimed)} moved call{'' if len(untimed) == 1 else 's'} not timed under both kernels: time "
+              f"{'it' if len(untimed) == 1 else 'them'} before shipping (benchmarks/bench_moves.py --before {args.before} --after <the DB with "
+              "the runs merged>)")
     print("\n".join(summary_lines(rows)))
     # As bench_moves.py --shapes-out: a shapes file lists at least one shape.
     if args.behind_out is not None:

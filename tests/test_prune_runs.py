@@ -3,7 +3,8 @@ winner moves are looked up in the timings (either benchmark's rows); with --out-
 whose moves slowed a timed call is left out of the run's DB written there, and one whose
 timed moves are all faster is kept; a tuner log's guard lines count as timings (--guard-logs);
 --slowed-out writes the slowed calls as a shapes file to tune, each once with its kernel
-before, and no shapes file is written empty.
+before, and no shapes file is written empty; moved calls no timing covers are listed, the
+pruning's own moves marked.
 No GPU: the runs, timings and logs are made here."""
 from __future__ import annotations
 
@@ -324,3 +325,49 @@ def test_a_call_two_winners_slowed_is_listed_once_with_its_first_times(tmp_path,
     assert [(s, c.split(" (")[0]) for s, c in _slowed_entries(out)] == \
         [(a.shape, f"{prune_script.kernel_key(a.family_key, a.before)} 10.0 -> 12.0 µs"),
          (b.shape, f"{prune_script.kernel_key(b.family_key, b.before)} 5.0 -> 6.0 µs")]
+
+
+def test_moves_no_timing_covers_are_listed_as_untimed(tmp_path, dbs):
+    """The summary counts them; each gets a line of its own, and the output says to time them
+    (without --out-dir nothing is pruned, so none is the pruning's)."""
+    before, run = dbs
+    moves = _moves(before)
+    timings = _timings(tmp_path / "t.json", moves[:-2], lambda m: 8.0)
+    res = _run("--before", before, "--runs", run, "--timings", timings)
+    assert res.returncode == 0, res.stderr
+    untimed = [ln for ln in res.stdout.splitlines() if ln.startswith("untimed: ")]
+    assert len(untimed) == 2 and all(f"(the {ENTRY} entry's)" in ln for ln in untimed)
+    for m in moves[-2:]:
+        assert any(ln.startswith(f"untimed: {FAMILY} {m.call} ") for ln in untimed), (m, untimed)
+    assert "a move the pruning made" not in res.stdout
+    assert f"2 moved calls not timed under both kernels: time them before shipping (benchmarks/bench_moves.py " \
+           f"--before {before}" in res.stdout
+
+
+NEIGHBOUR = "b8.d5120.l3000.bias.silu"  # a winner near ENTRY that serves some of its calls once ENTRY is gone
+
+
+def test_a_move_the_pruning_made_is_named(tmp_path):
+    """Leaving a winner out hands its calls to the nearest other entry: a kernel no run timed
+    there (session 80's (4, 2048, 1000), 0.86x after the prune). Such calls are listed as
+    untimed and marked as the pruning's moves."""
+    before, run = tmp_path / "before.db", tmp_path / "run.db"
+    for path, where in ((before, "family_key = ? AND shape_key IN (?, ?)"),
+                        (run, "NOT (family_key = ? AND shape_key IN (?, ?))")):
+        shutil.copyfile(SHIPPED, path)
+        with closing(sqlite3.connect(path)) as con, con:
+            con.execute(f"DELETE FROM winners WHERE {where}", (FAMILY, ENTRY, NEIGHBOUR))
+    unpruned = prune_script.moves_between(before, prune_script.merged(before, [run], set(), tmp_path), entries=True)
+    pruned = prune_script.moves_between(before, prune_script.merged(before, [run], {("sm_90", FAMILY, ENTRY)},
+                                                                     tmp_path), entries=True)
+    made = [m for m in pruned if m not in set(unpruned)]
+    assert made and all(m.after_shape == NEIGHBOUR for m in made)
+    victim = next(m for m in unpruned if m.after_shape == ENTRY and not m.entry and m.before is not None)
+    timings = _timings(tmp_path / "t.json", unpruned, lambda m: 12.0 if m == victim else 8.0)
+    res = _run("--before", before, "--runs", run, "--timings", timings, "--out-dir", tmp_path / "out")
+    assert res.returncode == 0, res.stderr
+    assert "left out: 1 winner," in res.stdout and f"{FAMILY} {ENTRY}: {victim.call}" in res.stdout
+    tagged = [ln for ln in res.stdout.splitlines() if ln.endswith("(a move the pruning made)")]
+    assert len(tagged) == len(made)
+    for m in made:
+        assert any(f"untimed: {FAMILY} {m.call} " in ln and f"(the {NEIGHBOUR} entry's)" in ln for ln in tagged)
