@@ -2,7 +2,7 @@
 <package dir>/tuning_db/ (docs/DISPATCH.md; how they are made: tuning_db/README.md).
 
 sm_90.db must be there. Every shipped DB is finalized (one file, rollback-journal
-mode, no trials), holds only its own arch, validates as `cc1d-tune db validate` does (source
+mode, no trials), holds only its own arch, is tuned for shapes its shapes file lists, validates as `cc1d-tune db validate` does (source
 hash, generator epoch, re-rendered source of the variant, geometry), compiles for
 its arch with NVRTC, is installed into the package unchanged, and the runtime
 serves each of its winners for exactly the call it was tuned for. No GPU needed.
@@ -66,6 +66,20 @@ def test_holds_only_its_own_arch(shipped):
     assert winners, f"{shipped.name} has no winners"
     archs = {w["arch"] for w in winners}
     assert archs == {shipped.stem}, f"{shipped.name}: winners of {archs} (the runtime reads only {shipped.stem}'s)"
+
+
+def test_every_winner_is_a_shape_of_its_shapes_file(shipped):
+    """shapes/<arch>.yaml lists what the DB was tuned for: a re-tune from it keeps every
+    winner. (The file may list shapes without a winner: tuning_db/README.md names them.)"""
+    from cc1d.tuner.shapes import load_shapes
+    path = shipped.parent / "shapes" / f"{shipped.stem}.yaml"
+    assert path.is_file(), f"{shipped.name} has no shapes file {path}"
+    listed = {(s.family().key(), s.key()) for s in load_shapes(path)}
+    with TuningDB(shipped, readonly=True) as db:
+        missing = sorted((w["family_key"], w["shape_key"]) for w in db.winners()
+                         if (w["family_key"], w["shape_key"]) not in listed)
+    assert not missing, (f"{len(missing)} winners of {shipped.name} are no shape of {path.name} (add the "
+                         f"shapes the tuner's guard printed): {missing[:10]}")
 
 
 def test_validates(shipped):
