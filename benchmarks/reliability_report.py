@@ -7,7 +7,9 @@ pytest JUnit XML, the C++ runtime test's output and the sanitizer's JSON.
 
 Without --junit it runs pytest on the reliability test files itself (GPU tests
 skip without a device). Nothing is typed in by hand: every number is counted
-from those outputs, and a section whose output is missing says so.
+from those outputs, and a section whose output is missing says so. Sections of the
+existing --out file that it does not write (the sessions' notes below the tables)
+are kept, after its own.
 """
 from __future__ import annotations
 
@@ -166,6 +168,23 @@ COMMANDS = [
 ]
 
 
+GENERATED_HEADINGS = ("## Sanitizer summary per family", "## Commands")  # the "## " sections render() writes
+
+
+def kept_sections(old: str) -> str:
+    """The sections of an earlier report that this script does not write (a "## " heading
+    other than GENERATED_HEADINGS, to the next such heading): the sessions' notes on where the
+    figures came from, written by hand below the generated ones. Rewriting the report keeps
+    them, in their order."""
+    kept, keep = [], False
+    for line in old.splitlines():
+        if line.startswith("## "):
+            keep = line.rstrip() not in GENERATED_HEADINGS
+        if keep:
+            kept.append(line)
+    return "\n".join(kept)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--junit", action="append", type=Path, help="pytest JUnit XML (repeatable); default: run pytest")
@@ -181,7 +200,9 @@ def main(argv=None) -> int:
         junit = [tmp]
     counts = tally(read_junit(junit))
     cpp = run_cpp(args.cpp) if args.cpp else None
-    args.out.write_text(render(counts, cpp, args.sanitize, COMMANDS))
+    text = render(counts, cpp, args.sanitize, COMMANDS)
+    kept = kept_sections(args.out.read_text()) if args.out.is_file() else ""
+    args.out.write_text(text + (kept + "\n" if kept else ""))
     print(args.out.read_text())
     return 0
 
