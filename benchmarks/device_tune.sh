@@ -19,7 +19,12 @@
 #   cc1d-tune db merge --db tuning_db/sm_90.db tune.db; cc1d-tune db finalize --drop-trials ...;
 #   cc1d-tune db validate --compile ...; and add the shapes the guard printed to the shapes file.
 # The merge here is never shipped: it serves only the tests and the timing.
-#   [DEADLINE_S=300] [TRIALS=24] [BUDGET_S=30] [MOVES_MAX=40] [MOVES_S=] [MOVES_BEFORE=] bash benchmarks/device_tune.sh SHAPES.yaml [cc1d-tune args...]
+# START_FROM="DB ..." adds start DBs after the shipped one (say the DB that served the calls
+# before a change, whose configs the shipped DB no longer holds: session 80); the tuner runs
+# from /tmp, so each is made absolute here, and a missing one is refused before the build. A
+# --start-from among the cc1d-tune args replaces the shipped DB as start (the tuner takes the
+# last), so its paths must be absolute.
+#   [DEADLINE_S=300] [TRIALS=24] [BUDGET_S=30] [MOVES_MAX=40] [MOVES_S=] [MOVES_BEFORE=] [START_FROM=] bash benchmarks/device_tune.sh SHAPES.yaml [cc1d-tune args...]
 # e.g. bash benchmarks/device_tune.sh slowed.yaml --ops bwd --guard-max-calls 24
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -31,6 +36,22 @@ if [ -n "${MOVES_BEFORE:-}" ]; then
                               exit 2; }
   MOVES_BEFORE=$(realpath "$MOVES_BEFORE")
 fi
+STARTS=()
+for db in ${START_FROM:-}; do
+  [ -f "$db" ] || { echo "device_tune.sh: START_FROM: expected tuning DB files, got '$db' (no such file)" >&2
+                    exit 2; }
+  STARTS+=("$(realpath "$db")")
+done
+in_starts=0
+for arg in "$@"; do
+  case "$arg" in
+    --start-from) in_starts=1;;
+    -*) in_starts=0;;
+    /*) ;;
+    *) [ "$in_starts" = 1 ] && { echo "device_tune.sh: --start-from: expected absolute paths (the tuner runs from" \
+                                      "/tmp), got '$arg'; or pass it in START_FROM" >&2; exit 2; };;
+  esac
+done
 OUT=${OUT:-/tmp/cc1d-out}; mkdir -p "$OUT"; OUT=$(realpath "$OUT")
 REPO=$(pwd)
 T0=$(date +%s)
@@ -45,7 +66,7 @@ say "built; $ARCH, shipped DB $DB"
 BEFORE=$(mktemp -d)/before.db; cp "$DB" "$BEFORE"
 # From /tmp with -P: the checkout's cc1d/ folder lacks the compiled runtime.
 (cd /tmp && python3 -P -m cc1d.tuner --shapes "$SHAPES" --db "$OUT/tune.db" --trials "${TRIALS:-24}" \
-   --budget-s "${BUDGET_S:-30}" --start-from "$DB" --guard "$DB" --guard-rounds 1 \
+   --budget-s "${BUDGET_S:-30}" --start-from "$DB" ${STARTS[@]+"${STARTS[@]}"} --guard "$DB" --guard-rounds 1 \
    --deadline-s "${DEADLINE_S:-300}" "$@") >"$OUT/tune.log" 2>&1
 status=$?
 tail -30 "$OUT/tune.log"

@@ -1,7 +1,8 @@
 """benchmarks/device_tune.sh (a guarded tuning run on the GPU machine) parses, refuses a
 missing shapes file before touching anything, names test modules that exist and leaves at
-most eight files in $OUT; it and device_check.sh share device_setup.sh; benchmarks/new_variants.py
-names the variants a DB change adds."""
+most eight files in $OUT; START_FROM's DBs and MOVES_BEFORE reach the tuner and the timing,
+missing ones (and relative --start-from paths) refused first; it and device_check.sh share
+device_setup.sh; benchmarks/new_variants.py names the variants a DB change adds."""
 from __future__ import annotations
 
 import re
@@ -115,7 +116,7 @@ def test_the_setup_installs_the_wheels_then_the_checkout_then_the_peer(tmp_path)
     assert res.returncode == 1 and "PYTHONPATH" not in res.stdout  # a failed build stops the script there
 
 
-def _fake_run(tmp_path, new_keys: str, **env_extra) -> tuple[subprocess.CompletedProcess, list[str]]:
+def _fake_run(tmp_path, new_keys: str, *args: str, **env_extra) -> tuple[subprocess.CompletedProcess, list[str]]:
     """device_tune.sh in a stand-in checkout, through a python3 that records its commands and
     plays each one's part: the arch, a run's DB, the merge, new_variants.py's keys."""
     calls, out, work = tmp_path / "calls", tmp_path / "out", tmp_path / "work"
@@ -139,8 +140,8 @@ exit 0
     (work / "tuning_db" / "sm_90.db").write_text("")
     (work / "s.yaml").write_text("shapes: []\n")
     env = {"PATH": f"{fake.parent}:/usr/bin:/bin", "OUT": str(out), "NEW_KEYS": new_keys, **env_extra}
-    res = subprocess.run(["bash", str(SCRIPT), "s.yaml", "--ops", "bwd"], cwd=work, env=env, capture_output=True,
-                         text=True, timeout=60)
+    res = subprocess.run(["bash", str(SCRIPT), "s.yaml", "--ops", "bwd", *args], cwd=work, env=env,
+                         capture_output=True, text=True, timeout=60)
     return res, calls.read_text().splitlines()
 
 
@@ -200,3 +201,34 @@ def test_a_missing_moves_before_db_is_refused_before_the_build(tmp_path):
     assert res.returncode == 2, res.stdout + res.stderr
     assert f"MOVES_BEFORE: expected a tuning DB file, got '{tmp_path / 'nope.db'}' (no such file)" in res.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_start_from_adds_start_dbs_after_the_shipped_one_as_absolute_paths(tmp_path):
+    """The tuner runs from /tmp: START_FROM's DBs reach it as absolute paths, after the shipped DB
+    (which stays the first start, the one the report's "vs start" refers to)."""
+    (tmp_path / "work" / "old").mkdir(parents=True)
+    for name in ("a.db", "b.db"):
+        (tmp_path / "work" / "old" / name).write_text("")
+    res, calls = _fake_run(tmp_path, "", START_FROM="old/a.db old/b.db")
+    assert res.returncode == 0, res.stdout + res.stderr
+    work = tmp_path / "work"
+    assert (f"--start-from {work}/tuning_db/sm_90.db {work}/old/a.db {work}/old/b.db --guard "
+            in calls[_step(calls, "-P -m cc1d.tuner --shapes")])
+    res, calls = _fake_run(tmp_path / "abs", "", "--start-from", f"{work}/old/a.db", "--trials", "8")
+    assert res.returncode == 0, res.stdout + res.stderr  # absolute paths among the args pass
+    assert calls[_step(calls, "-P -m cc1d.tuner --shapes")].endswith(f"--start-from {work}/old/a.db --trials 8")
+
+
+def test_missing_start_dbs_and_relative_start_from_paths_are_refused_before_the_build(tmp_path):
+    (tmp_path / "s.yaml").write_text("shapes: []\n")
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out")}
+    res = subprocess.run(["bash", str(SCRIPT), "s.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env={**env, "START_FROM": "nope.db"})
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "START_FROM: expected tuning DB files, got 'nope.db' (no such file)" in res.stderr
+    (tmp_path / "old.db").write_text("")
+    res = subprocess.run(["bash", str(SCRIPT), "s.yaml", "--ops", "bwd", "--start-from", str(tmp_path / "old.db"),
+                          "old.db", "--trials", "8"], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "--start-from: expected absolute paths (the tuner runs from /tmp), got 'old.db'" in res.stderr
+    assert not (tmp_path / "out").exists()  # refused before anything ran
