@@ -2,8 +2,9 @@
 <package dir>/tuning_db/ (docs/DISPATCH.md; how they are made: tuning_db/README.md).
 
 sm_90.db must be there. Every shipped DB is finalized (one file, rollback-journal
-mode, no trials), holds only its own arch, is tuned for shapes its shapes file lists, validates as `cc1d-tune db validate` does (source
-hash, generator epoch, re-rendered source of the variant, geometry), compiles for
+mode, no trials), holds only its own arch, is tuned for shapes its shapes file lists,
+validates as `cc1d-tune db validate` does (source hash, generator epoch, re-rendered
+source of the variant, geometry), compiles for
 its arch with NVRTC, is installed into the package unchanged, and the runtime
 serves each of its winners for exactly the call it was tuned for. No GPU needed.
 """
