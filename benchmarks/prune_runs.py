@@ -183,9 +183,13 @@ def assess(before: Path, after: Path, times: dict) -> list[dict]:
     return out
 
 
+def timed(row: dict) -> bool:
+    """Whether the row's call was timed under both its kernels."""
+    return row["before_us"] is not None and row["after_us"] is not None
+
+
 def slowed(row: dict) -> bool:
-    return row["before_us"] is not None and row["after_us"] is not None and \
-        row["after_us"] > SLOWER * row["before_us"]
+    return timed(row) and row["after_us"] > SLOWER * row["before_us"]
 
 
 def prune(before: Path, runs: list[Path], times: dict,
@@ -253,7 +257,7 @@ def untimed_lines(rows: list[dict], unpruned: set[Move] | None) -> list[str]:
     another entry's kernel, which no run timed there (session 80: (4, 2048, 1000), 0.86x)."""
     out = []
     for r in rows:
-        if r["before_us"] is not None and r["after_us"] is not None:
+        if timed(r):
             continue
         m = r["move"]
         made = " (a move the pruning made)" if unpruned is not None and m not in unpruned else ""
@@ -272,12 +276,12 @@ def summary_lines(rows: list[dict]) -> list[str]:
             "|---|---|---|---|---|---|---|"]
 
     def line(name: str, rs: list[dict]) -> str:
-        timed = [r for r in rs if r["before_us"] is not None and r["after_us"] is not None]
-        speed = [r["before_us"] / r["after_us"] for r in timed]
-        peer = [r for r in timed if r["peer_us"] is not None]
+        both = [r for r in rs if timed(r)]
+        speed = [r["before_us"] / r["after_us"] for r in both]
+        peer = [r for r in both if r["peer_us"] is not None]
         behind = [sum(r[k] > SLOWER * r["peer_us"] for r in peer) for k in ("before_us", "after_us")]
         gm = f"{statistics.geometric_mean(speed):.2f}x ({min(speed):.2f}-{max(speed):.2f}x)" if speed else "-"
-        return (f"| {name} | {len(rs)} ({sum(r['move'].entry for r in rs)}) | {len(timed)} | {gm} | "
+        return (f"| {name} | {len(rs)} ({sum(r['move'].entry for r in rs)}) | {len(both)} | {gm} | "
                 f"{sum(s > SLOWER for s in speed)} | {sum(s < 1 / SLOWER for s in speed)} | "
                 f"{behind[0]} -> {behind[1]} ({len(peer)}) |")
     return head + [line(f, groups[f]) for f in sorted(groups)] + [line("all", rows)]
@@ -329,11 +333,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"slowed: {m.family_key} {m.call} {r['before_us']:.1f} -> {r['after_us']:.1f} µs "
                   f"(served by the {m.after_shape} entry)")
     untimed = untimed_lines(rows, unpruned)
-    print("\n".join(untimed))
-    if untimed:
-        print(f"{len(untimed)} moved call{'' if len(untimed) == 1 else 's'} not timed under both kernels: time "
-              f"{'it' if len(untimed) == 1 else 'them'} before shipping (benchmarks/bench_moves.py --before {args.before} --after <the DB with "
-              "the runs merged>)")
+    if untimed:  # none: no line at all, as before these were listed
+        one = len(untimed) == 1
+        print("\n".join(untimed))
+        print(f"{len(untimed)} moved call{'' if one else 's'} not timed under both kernels: time "
+              f"{'it' if one else 'them'} before shipping (benchmarks/bench_moves.py --before {args.before} "
+              "--after <the DB with the runs merged>)")
     print("\n".join(summary_lines(rows)))
     # As bench_moves.py --shapes-out: a shapes file lists at least one shape.
     if args.behind_out is not None:
