@@ -37,15 +37,22 @@ def _run(*argv):
                           timeout=300)
 
 
+def _split_shipped(folder: Path, *shape_keys: str) -> tuple[Path, Path]:
+    """The shipped DB less FAMILY's winners of these shapes (before), and a run's DB that
+    holds those winners alone."""
+    before, run = folder / "before.db", folder / "run.db"
+    these = f"family_key = ? AND shape_key IN ({', '.join('?' * len(shape_keys))})"
+    for path, where in ((before, these), (run, f"NOT ({these})")):
+        shutil.copyfile(SHIPPED, path)
+        with closing(sqlite3.connect(path)) as con, con:
+            con.execute(f"DELETE FROM winners WHERE {where}", (FAMILY, *shape_keys))
+    return before, run
+
+
 @pytest.fixture(scope="module")
 def dbs(tmp_path_factory):
     """The shipped DB less ENTRY (before), and a run's DB that holds ENTRY's winner alone."""
-    folder = tmp_path_factory.mktemp("dbs")
-    before, run = folder / "before.db", folder / "run.db"
-    for path, where in ((before, "family_key = ? AND shape_key = ?"), (run, "NOT (family_key = ? AND shape_key = ?)")):
-        shutil.copyfile(SHIPPED, path)
-        with closing(sqlite3.connect(path)) as con, con:
-            con.execute(f"DELETE FROM winners WHERE {where}", (FAMILY, ENTRY))
+    before, run = _split_shipped(tmp_path_factory.mktemp("dbs"), ENTRY)
     with TuningDB(run, readonly=True) as db:
         assert [w["shape_key"] for w in db.winners()] == [ENTRY]
     return before, run
@@ -351,12 +358,7 @@ def test_a_move_the_pruning_made_is_named(tmp_path):
     """Leaving a winner out hands its calls to the nearest other entry: a kernel no run timed
     there (session 80's (4, 2048, 1000), 0.86x after the prune). Such calls are listed as
     untimed and marked as the pruning's moves."""
-    before, run = tmp_path / "before.db", tmp_path / "run.db"
-    for path, where in ((before, "family_key = ? AND shape_key IN (?, ?)"),
-                        (run, "NOT (family_key = ? AND shape_key IN (?, ?))")):
-        shutil.copyfile(SHIPPED, path)
-        with closing(sqlite3.connect(path)) as con, con:
-            con.execute(f"DELETE FROM winners WHERE {where}", (FAMILY, ENTRY, NEIGHBOUR))
+    before, run = _split_shipped(tmp_path, ENTRY, NEIGHBOUR)
     unpruned = prune_script.moves_between(before, prune_script.merged(before, [run], set(), tmp_path), entries=True)
     pruned = prune_script.moves_between(before, prune_script.merged(before, [run], {("sm_90", FAMILY, ENTRY)},
                                                                      tmp_path), entries=True)
