@@ -311,8 +311,11 @@ FWD_CL = Space(
 # then in split order by cc1d_reduce. More blocks balance the SMs better;
 # fewer make fewer partial rows to write and reduce. A launch parameter only:
 # it does not change the kernel source, and it is a constant (not the device's
-# SM count) so results are bitwise the same on every device.
-SPLIT_BLOCKS = Param("split_blocks", "s", (512, 2048, 8192),
+# SM count) so results are bitwise the same on every device. 32768 and 131072
+# (session 81): at 8192 a long row's few work items fall unevenly on its splits
+# (batch 8 of 16384 positions, 4096-position tiles, dim 5120 in 4-row groups: 32
+# items on 7 splits, 4 or 5 a block); 131072 gives most shapes one item a block.
+SPLIT_BLOCKS = Param("split_blocks", "s", (512, 2048, 8192, 32768, 131072),
                      "blocks the backward's grid aims at: sets the rows of fp32 partial sums")
 
 def _bwd_cf_geometry(family: Family, config: Config) -> dict:

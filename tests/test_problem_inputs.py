@@ -47,3 +47,19 @@ def test_x_shares_no_stream_with_the_weights():
     w = (inputs["weight"] * 4 ** 0.5).flatten()
     head = inputs["x"].flatten()[: w.numel()]
     assert not torch.allclose(w, head)
+
+
+@pytest.mark.parametrize("layout,dims", [("cf", (4, 136, 5120)), ("cl", (8, 136, 4096))])
+def test_backward_workspace_holds_the_partials_of_every_variant_of_the_layout(layout, dims):
+    """The tuner times any variant of the layout's space on one set of outputs: its
+    workspace must hold splits x dim x (width + 1) partials for the variant with the most
+    splits (the widest channel tile, the shortest tile_l, the most split_blocks), counted
+    with the runtime's rule (bwd_splits) from each valid variant's own geometry."""
+    from cc1d.generator import variants
+    from cc1d.tuner.problems import bwd_splits
+    batch, seqlen, dim = dims
+    shape = Shape("bwd", layout, "bf16", "f32", 4, batch, dim, seqlen)
+    outputs = BwdProblem().make_outputs(shape, BwdProblem().make_inputs(shape, seed=1, device="cpu"))
+    most = max(bwd_splits(shape, g["tile_l"], g["tile_d"], g["split_blocks"])
+               for g in (v.geometry() for v in variants(shape.family())))
+    assert outputs["workspace"].numel() >= most * dim * (shape.width + 1)

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from .._planned import PlannedBuffer
 from ..generator import DTYPES
-from ..generator.space import CL_SPLIT_BLOCKS, SPLIT_BLOCKS
+from ..generator.space import BWD_CF, BWD_CL, CL_SPLIT_BLOCKS, SPLIT_BLOCKS
 from .shapes import Shape
 
 DTYPE_CODES = {"f32": 0, "f16": 1, "bf16": 2}
@@ -159,6 +159,11 @@ class FwdProblem:
         return self.plan_options(rt, shape, inputs, outputs)
 
 
+# (widest channel tile, most split_blocks) of each layout's backward space.
+_WIDEST_SPLITS = {"cf": (max(BWD_CF.param("rows").values), max(SPLIT_BLOCKS.values)),
+                  "cl": (max(BWD_CL.param("tile_d").values), max(CL_SPLIT_BLOCKS.values))}
+
+
 def bwd_splits(shape: Shape, tile_l: int, tile_d: int, split_blocks: int) -> int:
     """The runtime's split count for a backward kernel (runtime/src/backward.cpp):
     channel-first rounds split_blocks / groups up, channel-last down."""
@@ -206,8 +211,9 @@ class BwdProblem:
             outputs["dbias"] = torch.full_like(inputs["bias"], nan)
         if shape.initial_states:
             outputs["dinitial_states"] = torch.full_like(inputs["initial_states"], nan)
-        # Enough partials for any variant: channel tiles are at most 128 wide.
-        splits = bwd_splits(shape, 1, 128, max(*SPLIT_BLOCKS.values, *CL_SPLIT_BLOCKS.values))
+        # Enough partials for any variant of the layout: the most splits come with the
+        # widest channel tile (the most blocks a group) and the shortest tile_l.
+        splits = bwd_splits(shape, 1, *_WIDEST_SPLITS[shape.layout])
         outputs["workspace"] = torch.full((splits * shape.dim * (shape.width + 1),), nan,
                                           dtype=torch.float32, device=x.device)
         return outputs
