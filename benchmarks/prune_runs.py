@@ -25,9 +25,10 @@ merge's) are written as a shapes file too, each once, with the kernel that serve
 tuned as entries of their own (from the DB with the runs merged unpruned), they let the
 winners that slowed them keep their own gains. Neither file is written where it would list
 no call (cc1d-tune refuses a shapes file without shapes); the output says so.
-With --guard-logs, the calls the runs' guard rounds timed (their tune.log lines) count too: a
-guard stopped by its deadline leaves the calls it found slowed untuned, served by the winner
-that slowed them, and no moves benchmark may have timed them again.
+With --guard-logs, the calls the runs' guard rounds timed (their tune.log lines) count too,
+where no timings file timed them: a guard stopped by its deadline leaves the calls it found
+slowed untuned, served by the winner that slowed them, and no moves benchmark may have timed
+them again. A call a timings file timed keeps the files' times alone (see add_untimed_calls).
 
     python benchmarks/prune_runs.py --before BEFORE.db --runs r1/tune.db r2/tune.db \\
         --timings r1/moves.json r2/moves.json sweep.json [--guard-logs r1/tune.log r2/tune.log] \\
@@ -139,6 +140,21 @@ def load_guard_logs(paths: list[Path], times: dict[tuple, dict[str, list[float]]
             at[f"{family}.{m['after']}"].append(float(m["after_us"]))
             n += 1
     return n
+
+
+def add_untimed_calls(times: dict[tuple, dict[str, list[float]]],
+                      guard: dict[tuple, dict[str, list[float]]]) -> int:
+    """Add to `times` the calls of `guard` it holds no time for; returns how many. A guard
+    times in the tuner's own runs, not the moves benchmark's (session 81: the same kernels
+    1-2 % slower), so in one median with the files' its times would be set against the
+    peer's, which only the files hold (session 81's summary counted 3 calls behind the peer
+    where the files alone gave 1)."""
+    added = 0
+    for call, kernels in guard.items():
+        if call not in times:
+            times[call] = kernels
+            added += 1
+    return added
 
 
 def copy_db(src: Path, dest: Path) -> Path:
@@ -294,7 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     except TimingsError as exc:
         print(f"prune_runs.py: {exc}", file=sys.stderr)
         return 2
-    guarded = load_guard_logs(args.guard_logs, times)
+    guard_times: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    guarded = load_guard_logs(args.guard_logs, guard_times)
+    guard_only = add_untimed_calls(times, guard_times)
     with tempfile.TemporaryDirectory(prefix="cc1d-prune-") as tmp:
         folder = Path(tmp)
         if args.out_dir is None:
@@ -319,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
                       "of their own")
             n_slowed = write_slowed(args.slowed_out, victims, header) if victims else 0
     print(f"{len(args.runs)} runs merged into a copy of {args.before}; timings from {len(args.timings)} files"
-          + (f", and {guarded} calls from {len(args.guard_logs)} guard logs" if args.guard_logs else ""))
+          + (f", and {guarded} calls from {len(args.guard_logs)} guard logs ({guard_only} timed in no timings "
+             "file: only those count)" if args.guard_logs else ""))
     if args.out_dir is not None:
         n = len(left_out)
         print(f"left out: {n} winner{'' if n == 1 else 's'}, whose moves slowed a timed call by more than 3 %")

@@ -373,3 +373,22 @@ def test_a_move_the_pruning_made_is_named(tmp_path):
     assert len(tagged) == len(made)
     for m in made:
         assert any(f"untimed: {FAMILY} {m.call} " in ln and f"(the {NEIGHBOUR} entry's)" in ln for ln in tagged)
+
+
+def test_a_call_a_timings_file_timed_keeps_its_times_over_a_guards(tmp_path, dbs):
+    """A guard times in the tuner's runs, another regime than the moves benchmark's and the
+    peer's (which only the files hold): where a file timed the call, its times alone count,
+    so the guard's slower after-time does not put the call behind the peer."""
+    before, run = dbs
+    moves = _moves(before)
+    victim = next(m for m in moves if not m.entry and m.before is not None)
+    timings = _timings(tmp_path / "t.json", moves, lambda m: 8.0, peer_us=9.0)
+    log = _guard_log(tmp_path / "tune.log", [(victim, 10.0, 12.0)])
+    res = _run("--before", before, "--runs", run, "--timings", timings, "--guard-logs", log)
+    assert res.returncode == 0, res.stderr
+    assert "and 1 calls from 1 guard logs (0 timed in no timings file: only those count)" in res.stdout
+    n = len(moves)
+    all_line = next(line for line in res.stdout.splitlines() if line.startswith("| all |"))
+    # before 10 µs against the peer's 9 (behind), after 8 (ahead); a median with the guard's
+    # 12 would have put the victim's after-time at 10, behind the peer
+    assert all_line.endswith(f"| {n} -> 0 ({n}) |"), all_line
