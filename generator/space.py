@@ -315,6 +315,8 @@ FWD_CL = Space(
 # (session 81): at 8192 a long row's few work items fall unevenly on its splits
 # (batch 8 of 16384 positions, 4096-position tiles, dim 5120 in 4-row groups: 32
 # items on 7 splits, 4 or 5 a block); 131072 gives most shapes one item a block.
+# Measured (H200, docs/PERFORMANCE_NOTES.md): no gain at 8192-16384 positions, 2 %
+# at (8, 5120, 2048); the (1, 5376, 32768) backward winners took 131072.
 SPLIT_BLOCKS = Param("split_blocks", "s", (512, 2048, 8192, 32768, 131072),
                      "blocks the backward's grid aims at: sets the rows of fp32 partial sums")
 
