@@ -21,6 +21,7 @@ from ..generator import arch_info, variants
 from .db import DBError, TuningDB, default_db_path, runtime_builds, winner_shape
 from .device import DeviceInfo, environment, probe_device
 from .moves import report_moves, snapshot
+from .retime import DEFAULT_ROUNDS as DEFAULT_RETIME_ROUNDS, DEFAULT_TOLERANCE as DEFAULT_RETIME_TOLERANCE
 from .shapes import Shape, ShapesError, load_shapes
 
 log = logging.getLogger("cc1d")
@@ -125,6 +126,18 @@ def db_parser() -> argparse.ArgumentParser:
         s.add_argument("--db", default=None, help=f"tuning DB (default: {default_db_path()})")
         if name == "rerender":
             s.add_argument("--ops", help="only winners of these ops (comma-separated: fwd,bwd,vfwd,upd)")
+            s.add_argument("--timed", action="store_true",
+                           help="on the GPU: where a winner's kernel changed, time its stored source and the "
+                                "render at its shape (validated, alternating rounds) and store the render where "
+                                "it is not slower, its times scaled by the ratio measured")
+            s.add_argument("--rounds", type=int, default=None,
+                           help=f"--timed: rounds of timing per winner (default {DEFAULT_RETIME_ROUNDS})")
+            s.add_argument("--tolerance", type=float, default=None,
+                           help="--timed: the render is stored where it takes at most 1 + this times the "
+                                f"stored source's time (default {DEFAULT_RETIME_TOLERANCE:g})")
+            s.add_argument("--deadline-s", type=float, default=None,
+                           help="--timed: time no winner after this many seconds; those left are listed "
+                                "(run again to continue: re-rendered winners match today's render)")
         if name == "validate":
             s.add_argument("--compile", action="store_true",
                            help="also compile every winner for its arch (NVRTC / hipRTC, no GPU needed), "
@@ -491,7 +504,40 @@ def _first_calls(moves: list, n: int = 10) -> str:
 
 # ---- db subcommands -----------------------------------------------------------------
 
-def db_main(argv: Sequence[str]) -> int:
+def rerender_timing(args: argparse.Namespace, rt: Any, probe: Callable[[], DeviceInfo | None]) -> dict:
+    """`db rerender --timed`: TuningDB.rerender's judge (tuner/retime.py) on the visible
+    GPU, its deadline and progress bar. Winners of another arch than the GPU's are left."""
+    from tqdm import tqdm
+
+    from .evaluate import GpuEvaluator
+    from .retime import judge_with
+    rounds = DEFAULT_RETIME_ROUNDS if args.rounds is None else args.rounds
+    tolerance = DEFAULT_RETIME_TOLERANCE if args.tolerance is None else args.tolerance
+    if rounds < 1:
+        raise UsageError(f"--rounds: expected a positive number, got {rounds}")
+    if not tolerance >= 0:
+        raise UsageError(f"--tolerance: expected 0 or a positive fraction (0.01: 1 %), got {tolerance}")
+    if args.deadline_s is not None and not args.deadline_s > 0:
+        raise UsageError(f"--deadline-s: expected a positive number of seconds, got {args.deadline_s}")
+    device = probe()
+    if device is None:
+        raise UsageError("rerender --timed: no GPU is visible (torch with CUDA/ROCm and a device are needed to "
+                         "time the kernels). Run it on the GPU machine of the DB's arch, or leave out --timed "
+                         "to re-render only the winners whose binaries are unchanged.")
+    from .db import now
+    inner = judge_with(lambda w: GpuEvaluator(rt, winner_shape(w), device.target), rounds, tolerance, now)
+
+    def judge(winner: dict, stored: str, render: Any) -> tuple[dict | None, str]:
+        if winner["arch"] != device.target:
+            return None, f"not timed: the visible device is {device.describe()}"
+        return inner(winner, stored, render)
+
+    deadline = Deadline(args.deadline_s)
+    return dict(judge=judge, stop=deadline.passed,
+                progress=lambda items: tqdm(items, desc="timed", unit="winner", disable=None))
+
+
+def db_main(argv: Sequence[str], probe: Callable[[], DeviceInfo | None] = probe_device) -> int:
     args = db_parser().parse_args(argv)
     path = Path(args.db) if args.db else default_db_path()
     if args.cmd == "import-report":  # checked in full before the DB is opened (or created)
@@ -558,14 +604,18 @@ def db_main(argv: Sequence[str]) -> int:
         elif args.cmd == "rerender":
             rt = _runtime()
             ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
+            timed = rerender_timing(args, rt, probe) if args.timed else {}
             done, left = db.rerender(lambda src, arch, opts: rt.compile(src, arch, opts)[0], ops,
-                                     builds=lambda w: _timed_builds(rt, w))
+                                     builds=lambda w: _timed_builds(rt, w), workers=os.cpu_count() or 1,
+                                     **timed)
             for name in done:
                 print(f"re-rendered {name}")
             for why in left:
                 print(f"LEFT {why}")
-            print(f"{len(done)} winners re-rendered in {path} (binaries identical: the plain build, the "
-                  f"fixed kernel of forwards and updates, the backward's seq_idx build), {len(left)} left")
+            how = "binaries identical or, timed, not slower" if args.timed else \
+                "binaries identical: the plain build, the fixed kernel of forwards and updates, the " \
+                "backward's seq_idx build"
+            print(f"{len(done)} winners re-rendered in {path} ({how}), {len(left)} left")
             return 1 if left else 0
         elif args.cmd == "validate":
             problems = db.validate()
@@ -636,7 +686,7 @@ def main(argv: Sequence[str] | None = None, *,
                         format="%(message)s")
     try:
         if argv[:1] == ["db"]:
-            return db_main(argv[1:])
+            return db_main(argv[1:], probe)
         if argv[:1] == ["report"]:
             return report_main(argv[1:])
         args = tune_parser().parse_args(argv)

@@ -442,26 +442,25 @@ class TuningDB:
 
 
     def rerender(self, compile: Callable[[str, str, list[str]], bytes], ops: Iterable[str] | None = None,
-                 builds: Callable[[dict], list[tuple[str, list[str]]]] = lambda w: [("plain", [])]
-                 ) -> tuple[list[str], list[str]]:
+                 builds: Callable[[dict], list[tuple[str, list[str]]]] = lambda w: [("plain", [])],
+                 judge: Callable[[dict, str, Variant], tuple[dict | None, str]] | None = None,
+                 workers: int = 1, stop: Callable[[], bool] = lambda: False,
+                 progress: Callable[[list], Iterable] = lambda items: items) -> tuple[list[str], list[str]]:
         """Store the current templates' render of each winner (of `ops`; default all) whose
         stored source differs from it, where the binaries ``compile(source, arch, options)``
         makes of the two are byte-identical for each build ``builds(winner)`` names ((name,
         compiler options) of every kernel its time was measured with; default the plain
         source alone): the template changed in a way that does not reach those kernels (a
         comment, code behind a macro none of them sets), so its config, times and dates stay
-        true. Returns (the winners re-rendered, those left because a kernel changed: a
-        re-tune's business); all replacements in one transaction."""
+        true; those replacements in one transaction. Where a kernel changed, ``judge(winner,
+        stored source, render)`` (tuner/retime.py: the two timed at the winner's shape)
+        gives the row to store the render with, or None, and a line on what it measured;
+        each such winner is stored as it is judged (a stopped run keeps what it timed), and
+        none is judged once ``stop()`` is true. Without a judge a changed kernel is a
+        re-tune's business. Compiles run on `workers` threads. Returns (the winners
+        re-rendered, those left and why)."""
         ops = None if ops is None else set(ops)
-        binaries: dict[tuple[str, str, tuple[str, ...]], bytes] = {}
-
-        def binary(source: str, arch: str, options: list[str]) -> bytes:
-            key = (sha256(source), arch, tuple(options))
-            if key not in binaries:
-                binaries[key] = bytes(compile(source, arch, list(options)))
-            return binaries[key]
-
-        redo, done, left = [], [], []
+        todo, done, left = [], [], []
         for w in self.winners():
             if ops is not None and w["op"] not in ops:
                 continue
@@ -471,23 +470,40 @@ class TuningDB:
                 left.append(f"{name}: generator epoch {w['epoch']} or no stored source; re-tune it")
                 continue
             try:
-                new = winner_variant(w).source
+                render = winner_variant(w)
             except (ValueError, KeyError) as exc:
                 left.append(f"{name}: config does not fit the generator's space: {exc}")
                 continue
-            if new == stored:
-                continue
-            changed = [build for build, opts in builds(w)
-                       if binary(stored, w["arch"], opts) != binary(new, w["arch"], opts)]
-            if changed:
-                left.append(f"{name}: its kernel ({', '.join(changed)} build) changed with the templates; "
-                            "re-tune it")
-                continue
-            redo.append((new, {**w, "source_hash": None}))
-            done.append(name)
+            if render.source != stored:
+                todo.append((w, name, stored, render, builds(w)))
+
+        wanted = {(src, w["arch"], tuple(opts)) for w, _, stored, render, bs in todo
+                  for _, opts in bs for src in (stored, render.source)}
+        with ThreadPoolExecutor(max(1, workers)) as pool:
+            binaries = dict(zip(wanted, pool.map(lambda k: bytes(compile(k[0], k[1], list(k[2]))), wanted)))
+
+        same, changed = [], []
+        for w, name, stored, render, bs in todo:
+            differ = [b for b, opts in bs if binaries[(stored, w["arch"], tuple(opts))] !=
+                      binaries[(render.source, w["arch"], tuple(opts))]]
+            (changed if differ else same).append((w, name, stored, render, differ))
         with self.transaction():
-            for source, row in redo:
-                self.put_winner(source, **row)
+            for w, name, _, render, _ in same:
+                self.put_winner(render.source, **{**w, "source_hash": None})
+                done.append(name)
+        for w, name, stored, render, differ in progress(changed):
+            what = f"its kernel ({', '.join(differ)} build) changed with the templates"
+            if judge is None:
+                left.append(f"{name}: {what}; re-tune it")
+            elif stop():
+                left.append(f"{name}: {what}; not timed (stopped: past the deadline)")
+            else:
+                row, measured = judge(w, stored, render)
+                if row is None:
+                    left.append(f"{name}: {what}; {measured}: re-tune it")
+                else:
+                    self.put_winner(render.source, **row)
+                    done.append(f"{name}: {measured}")
         return done, left
 
     def compile_problems(self, compile: Callable[[str, str, list[str]], object],
