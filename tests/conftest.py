@@ -78,6 +78,19 @@ def nvrtc(rt):
     return rt
 
 
+@pytest.fixture
+def nvrtc_rt(monkeypatch, tmp_path):
+    """The runtime with a fresh compile cache, where it compiles for sm_90 (NVRTC); else a skip."""
+    monkeypatch.setenv("CC1D_CACHE_DIR", str(tmp_path / "cache"))
+    try:
+        from cc1d._runtime import runtime
+        rt = runtime()
+        rt.compile(_TRIVIAL, "sm_90")
+    except (ImportError, RuntimeError) as exc:
+        pytest.skip(f"runtime/NVRTC not usable here: {str(exc).splitlines()[0]}")
+    return rt
+
+
 def rocm_trixie_script() -> Path | None:
     """../shared/tools/rocm-trixie.sh (or $CC1D_ROCM_TRIXIE_SH): Debian 13's hipRTC 5.7."""
     env = os.environ.get("CC1D_ROCM_TRIXIE_SH")

@@ -137,18 +137,6 @@ def run(argv, capsys, probe=lambda: None):
     return code, out.out, out.err
 
 
-@pytest.fixture
-def nvrtc_rt(monkeypatch, tmp_path):
-    monkeypatch.setenv("CC1D_CACHE_DIR", str(tmp_path / "cache"))
-    try:
-        from cc1d._runtime import runtime
-        rt = runtime()
-        rt.compile('extern "C" __global__ void k(float* p) { p[0] = 1.0f; }\n', "sm_90")
-    except (ImportError, RuntimeError) as exc:
-        pytest.skip(f"runtime/NVRTC not usable here: {str(exc).splitlines()[0]}")
-    return rt
-
-
 def test_timed_rerender_checks_its_options_and_needs_a_gpu(nvrtc_rt, tmp_path, capsys):
     path = tmp_path / "r.db"
     _db_with_two_changed_winners(path)

@@ -167,18 +167,6 @@ def test_default_db_path(monkeypatch, tmp_path):
     assert default_db_path() == tmp_path / "cc1d" / "tuning.db"
 
 
-@pytest.fixture
-def nvrtc_rt(monkeypatch, tmp_path):
-    monkeypatch.setenv("CC1D_CACHE_DIR", str(tmp_path / "cache"))
-    try:
-        from cc1d._runtime import runtime
-        rt = runtime()
-        rt.compile('extern "C" __global__ void k(float* p) { p[0] = 1.0f; }\n', "sm_90")
-    except (ImportError, RuntimeError) as exc:
-        pytest.skip(f"runtime/NVRTC not usable here: {str(exc).splitlines()[0]}")
-    return rt
-
-
 def test_compile_only_sm90_through_the_runtime(nvrtc_rt, shapes, tmp_path, capsys):
     report = tmp_path / "r.json"
     code, out, err = run(["--arch", "sm_90", "--compile-only", "--trials", "4", "--shapes", shapes,
