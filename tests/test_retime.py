@@ -180,3 +180,18 @@ def test_judge_with_leaves_a_winner_whose_render_fails(tmp_path):
     judge = judge_with(lambda w: FakeEvaluator(launch_fails=lambda v: not isinstance(v, StoredVariant)))
     row, what = judge({"time_us": 1.0}, stored.source, render)
     assert row is None and what.startswith("the render failed: launch_error")
+
+
+def test_judge_with_leaves_a_winner_the_device_cannot_time_and_goes_on():
+    stored, render = _pair()
+
+    def evaluator_for(w):
+        if w["n"] == 1:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 4.00 GiB\nmore")
+        return FakeEvaluator(times=_times(10.0, 9.0))
+
+    judge = judge_with(evaluator_for)
+    row, what = judge({"n": 1, "time_us": 1.0}, stored.source, render)
+    assert row is None and what == "not timed: CUDA out of memory. Tried to allocate 4.00 GiB"
+    row, what = judge({"n": 2, "time_us": 1.0, "environment": "{}"}, stored.source, render)
+    assert row["time_us"] == pytest.approx(0.9) and what.endswith("0.900x over 3 rounds")

@@ -107,12 +107,15 @@ def judge_with(evaluator_for: Callable[[dict], Evaluator], rounds: int = DEFAULT
     what was measured). `evaluator_for(winner)` makes the evaluator of its shape."""
     def judge(winner: dict, stored_source: str, render: Variant) -> tuple[dict | None, str]:
         stored = StoredVariant(render.family, render.config, stored_source)
-        ev = evaluator_for(winner)
         try:
-            c = compare(ev, stored, render, rounds)
-        finally:
-            if hasattr(ev, "close"):
-                ev.close()
+            ev = evaluator_for(winner)
+            try:
+                c = compare(ev, stored, render, rounds)
+            finally:
+                if hasattr(ev, "close"):
+                    ev.close()
+        except RuntimeError as exc:  # the device's (out of memory, say): this winner left, the run goes on
+            return None, f"not timed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
         if c.keeps_render(tolerance):
             return scaled_row(winner, c.ratio, now()), c.describe()
         if c.ratio is None:
