@@ -20,7 +20,8 @@
 #   cc1d-tune db validate --compile ...; and add the shapes the guard printed to the shapes file.
 # The merge here is never shipped: it serves only the tests and the timing.
 # START_FROM="DB ..." adds start DBs after the shipped one (say the DB that served the calls
-# before a change, whose configs the shipped DB no longer holds: session 80); the tuner runs
+# before a change, whose configs the shipped DB no longer holds: session 80; a shape's own
+# winner in any of them is still tried first, tuner/search.py start_configs); the tuner runs
 # from /tmp, so each is made absolute here, and a missing one is refused before the build. A
 # --start-from among the cc1d-tune args replaces the shipped DB as start (the tuner takes the
 # last), so its paths must be absolute.

@@ -595,6 +595,21 @@ def test_start_from_gives_an_untuned_shape_the_winner_its_calls_ran(tmp_path):
         assert start_configs(other, ARCH, [old]) == []  # another family's winners are not served
 
 
+def test_a_start_dbs_own_winner_of_the_shape_comes_before_another_dbs_nearest(tmp_path):
+    """A shape dropped from the shipped DB to be re-tuned (its kernel changed with the
+    templates) has only a neighbour's winner there and its own in the DB from before the
+    drop: its own config is tried first, whichever DB is listed first."""
+    near = replace(CF, seqlen=2048)
+    own, neighbour = list(variants(CF.family(), arch_info(ARCH)))[:2]
+    with TuningDB(tmp_path / "dropped.db") as dropped, TuningDB(tmp_path / "before.db") as before:
+        _store_winner(dropped, near, neighbour)
+        _store_winner(before, CF, own)
+        assert start_configs(CF, ARCH, [dropped, before]) == [own.params, neighbour.params]
+        assert start_configs(CF, ARCH, [before, dropped]) == [own.params, neighbour.params]
+        _store_winner(dropped, CF, neighbour)  # both hold the shape: the first DB's first
+        assert start_configs(CF, ARCH, [dropped, before]) == [neighbour.params, own.params]
+
+
 def test_the_start_config_is_retimed_beside_the_winner(db, tmp_path):
     """The report sets the winner against the kernel the shape's calls ran before (the first
     start config), re-timed in the same finals."""

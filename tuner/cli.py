@@ -49,7 +49,8 @@ def tune_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="keep stored winners and trials, continue the rest")
     p.add_argument("--start-from", nargs="+", default=[], metavar="DB",
                    help="tuning DBs whose winners for each shape are tried first (the first DB's before the "
-                        "default, the others right after it), "
+                        "default, the others right after it; DBs holding the shape's own winner before those "
+                        "holding only a neighbour's), "
                         "then with one tunable changed, register caps first (timed like any candidate; e.g. "
                         "the shipped DB when re-tuning: the search then cannot miss a config it already knew)")
     p.add_argument("--family-starts", type=int, default=None, metavar="N",

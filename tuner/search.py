@@ -555,14 +555,21 @@ def start_configs(shape: Shape, arch: str, dbs: Sequence[TuningDB], family: int 
     (session 71: backward channel-first bf16 had 83 width-4 winners, 2 width-2 and 2 width-3,
     and the peer sweep found half the width-2/3 calls behind the peer). Then, with `dtypes` > 0, likewise that many winners
     of its op, layout and width at the other dtype pairs whose x has the same element size
-    (fp16 from bf16, say: the same bytes move), nearest shape first, then most dtypes shared."""
+    (fp16 from bf16, say: the same bytes move), nearest shape first, then most dtypes shared.
+
+    Where some DBs hold the shape's own winner and others only a nearest one, the own
+    winners come first (in the DBs' order), then the nearest ones."""
+    own = shape.family()
+    served = [row for row in (served_winner(db, arch, shape) for db in dbs) if row is not None]
+    # A DB's winner of this very shape before any DB's nearest one: the shape's calls ran it
+    # (session 82: a winner dropped from the shipped DB for a re-tune after a template change
+    # was only in the second start DB, and with two trials of budget the search never timed it).
+    served.sort(key=lambda row: row["shape_key"] != shape.key())
     out = []
-    for db in dbs:
-        row = served_winner(db, arch, shape)
-        cfg = _usable_config(shape, arch, row) if row is not None else None
+    for row in served:
+        cfg = _usable_config(shape, arch, row)
         if cfg is not None and cfg not in out:
             out.append(cfg)
-    own = shape.family()
     if family > 0:
         _add_kin_configs(shape, arch, dbs, family, out, {own.key(): 0})
     if widths > 0:
