@@ -23,7 +23,7 @@ from ..generator import Variant
 from .evaluate import CandidateError, Evaluator
 
 DEFAULT_ROUNDS = 3
-DEFAULT_TOLERANCE = 0.01  # the timer's run-to-run noise at a shape (docs/TUNING.md)
+DEFAULT_TOLERANCE = 0.01  # a render up to 1 % slower is still stored: within timing noise (--tolerance)
 
 
 @dataclass(frozen=True)
