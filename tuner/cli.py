@@ -525,8 +525,7 @@ def rerender_timing(args: argparse.Namespace, rt: Any, probe: Callable[[], Devic
         raise UsageError("rerender --timed: no GPU is visible (torch with CUDA/ROCm and a device are needed to "
                          "time the kernels). Run it on the GPU machine of the DB's arch, or leave out --timed "
                          "to re-render only the winners whose binaries are unchanged.")
-    from .db import now
-    inner = judge_with(lambda w: GpuEvaluator(rt, winner_shape(w), device.target), rounds, tolerance, now)
+    inner = judge_with(lambda w: GpuEvaluator(rt, winner_shape(w), device.target), rounds, tolerance)
 
     def judge(winner: dict, stored: str, render: Any) -> tuple[dict | None, str]:
         if winner["arch"] != device.target:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..generator import Variant
+from .db import now
 from .evaluate import CandidateError, Evaluator
 
 DEFAULT_ROUNDS = 3
@@ -100,8 +101,7 @@ def scaled_row(row: dict, ratio: float, at: str) -> dict:
 
 
 def judge_with(evaluator_for: Callable[[dict], Evaluator], rounds: int = DEFAULT_ROUNDS,
-               tolerance: float = DEFAULT_TOLERANCE, now: Callable[[], str] = lambda: ""
-               ) -> Callable[[dict, str, Variant], tuple[dict | None, str]]:
+               tolerance: float = DEFAULT_TOLERANCE) -> Callable[[dict, str, Variant], tuple[dict | None, str]]:
     """`TuningDB.rerender`'s judge: for a winner, its stored source and today's render,
     (the row to store the render with where it is not slower, else None; a line saying
     what was measured). `evaluator_for(winner)` makes the evaluator of its shape."""
