@@ -383,9 +383,9 @@ BWD_CF = Space(
     params=(
         Param("threads", "t", (64, 128, 256), "threads per block"),
         Param("vec_bytes", "v", (2, 4, 8, 16), "bytes per vector load/store of x, dout and dx"),
-        Param("nvec", "n", (1, 2, 4, 8, 16),
+        Param("nvec", "n", (1, 2, 4, 8, 16, 32, 64),
               "vectors of x and of dout per thread and segment: up to 4 all loaded at once into "
-              "registers; 8 and 16 walked, their loads staged through a ring in shared memory"),
+              "registers; 8 to 64 walked, their loads staged through a ring in shared memory"),
         Param("rows", "r", (1, 4), "channels per block"),
         MAX_REGS,
         SPLIT_BLOCKS,
